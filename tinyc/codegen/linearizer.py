@@ -1,0 +1,141 @@
+"""Layer 3: the Linearizer turns a Kernel into a list of typed UOps (loops, loads, ALU, stores). Imports helpers, dtype, ops, shape/,
+codegen/kernel, codegen/uops.
+
+Equal pure UOps are made once (common-subexpression elimination) and constant operands are folded as UOps are built.
+A UOp made inside a loop is only reused inside that loop, so every renderer can scope variables by loop.
+"""
+from __future__ import annotations
+from typing import Any, Callable
+from tinyc.dtype import DType, dtypes
+from tinyc.helpers import DEBUG
+from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, ReduceOps, TernaryOps, UnaryOps
+from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable
+from tinyc.codegen.kernel import Kernel
+from tinyc.codegen.uops import PYTHON_ALU, UOp, UOps, cast_python_value
+
+REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
+
+class Linearizer:
+  def __init__(self, kernel: Kernel) -> None:
+    self.kernel = kernel
+    self.uops: list[UOp] = []
+    self._made: dict[tuple, UOp] = {}
+    self._scopes: list[list[tuple]] = [[]]  # keys made inside each open loop, forgotten when it ends
+    self.loop_uops: dict[str, UOp] = {}
+    self.index_dtype = dtypes.int32 if max(st.real_size() for st in kernel.sts) < 2**31 else dtypes.int64
+
+  # ---- making UOps ----
+  def uop(self, op: UOps, dtype: DType | None, src: tuple[UOp, ...] = (), arg: Any = None, pure: bool = True) -> UOp:
+    key = (op, dtype, src, arg)
+    if pure and key in self._made: return self._made[key]
+    made = UOp(op, dtype, src, arg)
+    self.uops.append(made)
+    if pure:
+      self._made[key] = made
+      self._scopes[-1].append(key)
+    return made
+
+  def const(self, value: Any, dtype: DType) -> UOp: return self.uop(UOps.CONST, dtype, (), cast_python_value(value, dtype))
+
+  def alu(self, op: Op, dtype: DType, *src: UOp) -> UOp:
+    if all(s.op is UOps.CONST for s in src) and op in PYTHON_ALU and not (dtypes.is_int(src[-1].dtype) and op in (BinaryOps.IDIV, BinaryOps.MOD)):
+      return self.const(PYTHON_ALU[op](*[s.arg for s in src]), dtype)
+    if op is BinaryOps.ADD:
+      if _is_const(src[1], 0): return src[0]
+      if _is_const(src[0], 0): return src[1]
+    if op is BinaryOps.MUL:
+      if _is_const(src[1], 1): return src[0]
+      if _is_const(src[0], 1): return src[1]
+      if dtypes.is_int(dtype) and (_is_const(src[0], 0) or _is_const(src[1], 0)): return self.const(0, dtype)
+    if op is TernaryOps.WHERE and src[0].op is UOps.CONST: return src[1] if src[0].arg else src[2]
+    return self.uop(UOps.ALU, dtype, tuple(src), op)
+
+  def cast(self, value: UOp, dtype: DType) -> UOp:
+    if value.dtype == dtype: return value
+    if value.op is UOps.CONST: return self.const(value.arg, dtype)
+    return self.uop(UOps.CAST, dtype, (value,))
+
+  def loop(self, name: str, size: int) -> UOp:
+    loop = self.uop(UOps.LOOP, self.index_dtype, (self.const(0, self.index_dtype), self.const(size, self.index_dtype)), name, pure=False)
+    self.loop_uops[name] = loop
+    self._scopes.append([])
+    return loop
+
+  def end(self, loop: UOp) -> None:
+    self.uop(UOps.END, None, (loop,), pure=False)
+    for key in self._scopes.pop(): self._made.pop(key, None)
+
+  # ---- index math: symbolic Nodes -> UOps ----
+  def index(self, node: Node) -> UOp: return node.render(self._index_ops, self)
+
+  _index_ops: dict[type, Callable[[Any, Any, Linearizer], UOp]] = {
+    Variable: lambda node, ops, ctx: ctx.loop_uops[node.expr],
+    NumNode: lambda node, ops, ctx: ctx.const(node.b, ctx.index_dtype),
+    MulNode: lambda node, ops, ctx: ctx.alu(BinaryOps.MUL, ctx.index_dtype, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype)),
+    DivNode: lambda node, ops, ctx: ctx.alu(BinaryOps.IDIV, ctx.index_dtype, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype)),
+    ModNode: lambda node, ops, ctx: ctx.alu(BinaryOps.MOD, ctx.index_dtype, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype)),
+    LtNode: lambda node, ops, ctx: ctx.alu(BinaryOps.CMPLT, dtypes.bool, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype)),
+    SumNode: lambda node, ops, ctx: _fold(ctx, BinaryOps.ADD, ctx.index_dtype, [n.render(ops, ctx) for n in node.nodes]),
+    AndNode: lambda node, ops, ctx: _fold(ctx, BinaryOps.AND, dtypes.bool, [n.render(ops, ctx) for n in node.nodes]),
+  }
+
+  # ---- the AST -> UOps ----
+  def load(self, buf: MemBuffer | ConstBuffer, idxs: list[Node]) -> UOp:
+    buf_number = self.kernel.bufs.index(buf)
+    index, valid = self.kernel.sts[buf_number].expr_idxs(idxs)
+    zero = self.const(0, buf.dtype)
+    if valid.max == 0: return zero
+    valid_uop = None if valid.min == 1 else self.index(valid)
+    if isinstance(buf, ConstBuffer):
+      value = self.const(buf.val, buf.dtype)
+      return value if valid_uop is None else self.alu(TernaryOps.WHERE, buf.dtype, valid_uop, value, zero)
+    src = (self.globals[buf.idx], self.index(index)) + ((valid_uop,) if valid_uop is not None else ())
+    return self.uop(UOps.LOAD, buf.dtype, src)
+
+  def parse(self, node: LazyOp, idxs: list[Node], reduced: UOp | None) -> UOp:
+    if node.op in (BufferOps.LOAD, BufferOps.CONST): return self.load(node.arg, idxs)
+    if node.op in ReduceOps:
+      assert reduced is not None, "the reduce's value is read before it was computed"
+      return reduced
+    srcs = [self.parse(src, idxs, reduced) for src in node.src]
+    if node.op is UnaryOps.CAST: return self.cast(srcs[0], node.arg)
+    if node.op is UnaryOps.BITCAST: return self.uop(UOps.BITCAST, node.arg, (srcs[0],))
+    return self.alu(node.op, node.dtype, *srcs)
+
+  def linearize(self) -> list[UOp]:
+    kernel = self.kernel
+    memory_bufs = sorted((buf for buf in kernel.bufs if isinstance(buf, MemBuffer)), key=lambda buf: buf.idx)
+    self.globals = {buf.idx: self.uop(UOps.DEFINE_GLOBAL, buf.dtype, (), (f"data{buf.idx}", buf.idx == 0), pure=False) for buf in memory_bufs}
+    global_idxs: list[Node] = [Variable(f"gidx{axis}", 0, size - 1) for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
+    global_loops = [self.loop(f"gidx{axis}", size) for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
+    reduced = None
+    if (reduceop := kernel.reduceop) is not None:
+      reduced = self.reduce(reduceop, global_idxs)
+    output_idxs = global_idxs + [NumNode(0)] * (kernel.shape_len - kernel.first_reduce)
+    value = self.parse(kernel.ast.src[0], output_idxs, reduced)
+    index, valid = kernel.sts[0].expr_idxs(output_idxs)
+    assert valid.min == 1, f"the output must be written everywhere, its validity is {valid}"
+    self.uop(UOps.STORE, None, (self.globals[0], self.index(index), self.cast(value, kernel.bufs[0].dtype)), pure=False)
+    for loop in reversed(global_loops): self.end(loop)
+    if DEBUG >= 5:
+      for uop in self.uops: print(uop)
+    return self.uops
+
+  def reduce(self, reduceop: LazyOp, global_idxs: list[Node]) -> UOp:
+    kernel, dtype = self.kernel, reduceop.dtype
+    start = {ReduceOps.SUM: 0, ReduceOps.MAX: dtypes.min(dtype)}[reduceop.op]
+    acc = self.uop(UOps.DEFINE_ACC, dtype, (), cast_python_value(start, dtype), pure=False)
+    reduce_axes = range(kernel.first_reduce, kernel.shape_len)
+    reduce_idxs: list[Node] = [Variable(f"ridx{axis}", 0, kernel.full_shape[axis] - 1) for axis in reduce_axes]
+    reduce_loops = [self.loop(f"ridx{axis}", kernel.full_shape[axis]) for axis in reduce_axes]
+    value = self.parse(reduceop.src[0], global_idxs + reduce_idxs, None)
+    current = self.uop(UOps.LOAD, dtype, (acc,), pure=False)
+    self.uop(UOps.STORE, None, (acc, self.alu(REDUCE_TO_ALU[reduceop.op], dtype, current, value)), pure=False)  # type: ignore[index]
+    for loop in reversed(reduce_loops): self.end(loop)
+    return self.uop(UOps.LOAD, dtype, (acc,), pure=False)
+
+def _is_const(uop: UOp, value: Any) -> bool: return uop.op is UOps.CONST and uop.arg == value
+def _fold(ctx: Linearizer, op: BinaryOps, dtype: DType, values: list[UOp]) -> UOp:
+  result = values[0]
+  for value in values[1:]: result = ctx.alu(op, dtype, result, value)
+  return result

@@ -1,0 +1,163 @@
+"""Layer 3: renders UOps to LLVM IR text with llvmlite's IR builder (pure Python; compiling is runtime/ops_llvm.py's job).
+Imports helpers, dtype, ops, codegen/uops; llvmlite.ir only (the IR builder, no native code).
+
+Loops are do-while blocks with a phi for the counter (every loop runs at least once); an accumulator is an alloca that
+LLVM's mem2reg turns into phis. bfloat16 lives in memory as i16 and in registers as float.
+"""
+from __future__ import annotations
+import math
+from typing import Any, Callable
+from llvmlite import ir
+from tinyc.dtype import DType, dtypes
+from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
+from tinyc.codegen.uops import UOp, UOps
+
+# reassociation lets LLVM vectorize reductions; no nnan/ninf, so inf and NaN keep their meaning
+FAST_MATH = ("reassoc", "contract", "nsz", "arcp", "afn")
+
+def register_type(dtype: DType) -> ir.Type:
+  """The LLVM type a value of `dtype` has in registers."""
+  if dtype == dtypes.bool: return ir.IntType(1)
+  if dtype in (dtypes.float32, dtypes.bfloat16): return ir.FloatType()
+  if dtype == dtypes.float16: return ir.HalfType()
+  if dtype == dtypes.float64: return ir.DoubleType()
+  return ir.IntType(8 * dtype.itemsize)
+
+def memory_type(dtype: DType) -> ir.Type:
+  """The LLVM type a value of `dtype` has in a buffer."""
+  return ir.IntType(8) if dtype == dtypes.bool else ir.IntType(16) if dtype == dtypes.bfloat16 else register_type(dtype)
+
+def _intrinsic(builder: ir.IRBuilder, name: str, dtype: DType, *args: ir.Value) -> ir.Value:
+  ty = register_type(dtype)
+  full_name = f"llvm.{name}.{ {16: 'f16', 32: 'f32', 64: 'f64'}[8 * (4 if dtype == dtypes.bfloat16 else dtype.itemsize)] }"
+  fn = builder.module.globals.get(full_name) or ir.Function(builder.module, ir.FunctionType(ty, [ty] * len(args)), name=full_name)
+  return builder.call(fn, list(args), fastmath=FAST_MATH)
+
+def _safe_divisor(builder: ir.IRBuilder, divisor: ir.Value) -> ir.Value:
+  """Integer x/0 would trap and take the process down; it gives x/1 instead (PyTorch raises, a kernel cannot)."""
+  if isinstance(divisor, ir.Constant) and divisor.constant not in (0, -1): return divisor
+  zero_or_minus_one = builder.or_(builder.icmp_signed("==", divisor, ir.Constant(divisor.type, 0)),
+                                  builder.icmp_signed("==", divisor, ir.Constant(divisor.type, -1)))
+  return builder.select(zero_or_minus_one, ir.Constant(divisor.type, 1), divisor)
+
+def _int_divmod(builder: ir.IRBuilder, dtype: DType, a: ir.Value, b: ir.Value, div: bool) -> ir.Value:
+  safe = _safe_divisor(builder, b)
+  if dtypes.is_unsigned(dtype) or dtype == dtypes.bool: return builder.udiv(a, safe) if div else builder.urem(a, safe)
+  result = builder.sdiv(a, safe) if div else builder.srem(a, safe)
+  if isinstance(safe, ir.Constant): return result
+  minus_one = builder.icmp_signed("==", b, ir.Constant(b.type, -1))  # x / -1 == -x, x % -1 == 0 (INT_MIN / -1 traps in hardware)
+  return builder.select(minus_one, builder.neg(a) if div else ir.Constant(a.type, 0), result)
+
+def _max(builder: ir.IRBuilder, dtype: DType, a: ir.Value, b: ir.Value) -> ir.Value:
+  if dtypes.is_float(dtype): return _intrinsic(builder, "maximum", dtype, a, b)  # NaN-propagating, like torch.maximum
+  greater = builder.icmp_unsigned(">", a, b) if dtypes.is_unsigned(dtype) or dtype == dtypes.bool else builder.icmp_signed(">", a, b)
+  return builder.select(greater, a, b)
+
+def _compare(builder: ir.IRBuilder, dtype: DType, predicate: str, a: ir.Value, b: ir.Value) -> ir.Value:
+  if dtypes.is_float(dtype): return builder.fcmp_ordered(predicate, a, b)
+  return builder.icmp_unsigned(predicate, a, b) if dtypes.is_unsigned(dtype) or dtype == dtypes.bool else builder.icmp_signed(predicate, a, b)
+
+def _float_or_int(float_fn: str, int_fn: str) -> Callable[..., ir.Value]:
+  def render(builder: ir.IRBuilder, dtype: DType, a: ir.Value, b: ir.Value) -> ir.Value:
+    if dtypes.is_float(dtype): return getattr(builder, float_fn)(a, b, flags=FAST_MATH)
+    return getattr(builder, int_fn)(a, b)
+  return render
+
+# op -> fn(builder, dtype of the operands, *operands)
+ALU_RENDERERS: dict[Op, Callable[..., ir.Value]] = {
+  UnaryOps.NEG: lambda b, dt, x: b.fneg(x, flags=FAST_MATH) if dtypes.is_float(dt) else (b.xor(x, ir.Constant(x.type, 1)) if dt == dtypes.bool
+                                                                                         else b.neg(x)),
+  UnaryOps.EXP2: lambda b, dt, x: _intrinsic(b, "exp2", dt, x), UnaryOps.LOG2: lambda b, dt, x: _intrinsic(b, "log2", dt, x),
+  UnaryOps.SIN: lambda b, dt, x: _intrinsic(b, "sin", dt, x), UnaryOps.SQRT: lambda b, dt, x: _intrinsic(b, "sqrt", dt, x),
+  UnaryOps.RECIP: lambda b, dt, x: b.fdiv(ir.Constant(x.type, 1.0), x, flags=FAST_MATH),
+  BinaryOps.ADD: _float_or_int("fadd", "add"), BinaryOps.SUB: _float_or_int("fsub", "sub"), BinaryOps.MUL: _float_or_int("fmul", "mul"),
+  BinaryOps.DIV: lambda b, dt, x, y: b.fdiv(x, y, flags=FAST_MATH),
+  BinaryOps.IDIV: lambda b, dt, x, y: _int_divmod(b, dt, x, y, div=True),
+  BinaryOps.MOD: lambda b, dt, x, y: b.frem(x, y) if dtypes.is_float(dt) else _int_divmod(b, dt, x, y, div=False),
+  BinaryOps.MAX: _max, BinaryOps.CMPLT: lambda b, dt, x, y: _compare(b, dt, "<", x, y), BinaryOps.CMPEQ: lambda b, dt, x, y: _compare(b, dt, "==", x, y),
+  BinaryOps.AND: lambda b, dt, x, y: b.and_(x, y), BinaryOps.OR: lambda b, dt, x, y: b.or_(x, y), BinaryOps.XOR: lambda b, dt, x, y: b.xor(x, y),
+  TernaryOps.WHERE: lambda b, dt, c, x, y: b.select(c, x, y),
+}
+
+def cast(builder: ir.IRBuilder, value: ir.Value, src: DType, dst: DType) -> ir.Value:
+  src_ty, dst_ty = register_type(src), register_type(dst)
+  if src_ty == dst_ty: return value
+  if dst == dtypes.bool: return builder.fcmp_unordered("!=", value, ir.Constant(src_ty, 0)) if dtypes.is_float(src) else \
+    builder.icmp_unsigned("!=", value, ir.Constant(src_ty, 0))
+  if dtypes.is_float(src) and dtypes.is_float(dst):
+    return builder.fpext(value, dst_ty) if _float_bits(src) < _float_bits(dst) else builder.fptrunc(value, dst_ty)
+  if dtypes.is_float(dst): return builder.uitofp(value, dst_ty) if dtypes.is_unsigned(src) or src == dtypes.bool else builder.sitofp(value, dst_ty)
+  if dtypes.is_float(src): return builder.fptoui(value, dst_ty) if dtypes.is_unsigned(dst) else builder.fptosi(value, dst_ty)
+  if src_ty.width > dst_ty.width: return builder.trunc(value, dst_ty)
+  return builder.zext(value, dst_ty) if dtypes.is_unsigned(src) or src == dtypes.bool else builder.sext(value, dst_ty)
+
+def _float_bits(dtype: DType) -> int: return 32 if dtype == dtypes.bfloat16 else 8 * dtype.itemsize
+
+def _constant(value: Any, dtype: DType) -> ir.Constant:
+  if dtypes.is_float(dtype) and math.isnan(value): return ir.Constant(register_type(dtype), float("nan"))
+  return ir.Constant(register_type(dtype), int(value) if not dtypes.is_float(dtype) else value)
+
+def _load_from_memory(builder: ir.IRBuilder, pointer: ir.Value, dtype: DType) -> ir.Value:
+  raw = builder.load(pointer, typ=memory_type(dtype))
+  if dtype == dtypes.bool: return builder.trunc(raw, ir.IntType(1))
+  if dtype == dtypes.bfloat16: return builder.bitcast(builder.shl(builder.zext(raw, ir.IntType(32)), ir.Constant(ir.IntType(32), 16)), ir.FloatType())
+  return raw
+
+def _to_memory(builder: ir.IRBuilder, value: ir.Value, dtype: DType) -> ir.Value:
+  if dtype == dtypes.bool: return builder.zext(value, ir.IntType(8))
+  if dtype == dtypes.bfloat16:  # round to nearest even, as torch does
+    bits = builder.bitcast(value, ir.IntType(32))
+    lsb = builder.and_(builder.lshr(bits, ir.Constant(ir.IntType(32), 16)), ir.Constant(ir.IntType(32), 1))
+    rounded = builder.add(bits, builder.add(lsb, ir.Constant(ir.IntType(32), 0x7FFF)))
+    return builder.trunc(builder.lshr(rounded, ir.Constant(ir.IntType(32), 16)), ir.IntType(16))
+  return value
+
+def render_llvm(function_name: str, uops: list[UOp]) -> str:
+  """LLVM IR of `void function_name(ptr data0, ptr data1, ...)` for these UOps."""
+  module = ir.Module(name=function_name)
+  buffers = [uop for uop in uops if uop.op is UOps.DEFINE_GLOBAL]
+  function = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()] * len(buffers)), name=function_name)
+  for arg in function.args: arg.add_attribute("noalias")
+  entry = function.append_basic_block("entry")
+  builder = ir.IRBuilder(function.append_basic_block("body"))
+  allocas = ir.IRBuilder(entry)
+  values: dict[UOp, Any] = {}
+  loop_state: dict[UOp, tuple[ir.Block, ir.PhiInstr]] = {}
+  for uop in uops:
+    src = [values.get(s) for s in uop.src]
+    if uop.op is UOps.DEFINE_GLOBAL: values[uop] = function.args[buffers.index(uop)]
+    elif uop.op is UOps.CONST: values[uop] = _constant(uop.arg, uop.dtype)
+    elif uop.op is UOps.DEFINE_ACC:
+      values[uop] = allocas.alloca(register_type(uop.dtype))  # in the entry block, where mem2reg promotes it
+      builder.store(_constant(uop.arg, uop.dtype), values[uop])  # reset each time the enclosing loops reach it
+    elif uop.op is UOps.LOOP:
+      preheader, body = builder.block, function.append_basic_block(f"loop_{uop.arg}")
+      builder.branch(body)
+      builder.position_at_end(body)
+      counter = builder.phi(register_type(uop.dtype), name=uop.arg)
+      counter.add_incoming(src[0], preheader)
+      values[uop], loop_state[uop] = counter, (body, counter)
+    elif uop.op is UOps.END:
+      body, counter = loop_state[uop.src[0]]
+      following = builder.add(counter, ir.Constant(counter.type, 1))
+      exit_block = function.append_basic_block(f"after_{uop.src[0].arg}")
+      builder.cbranch(builder.icmp_signed("<", following, values[uop.src[0].src[1]]), body, exit_block)
+      counter.add_incoming(following, builder.block)
+      builder.position_at_end(exit_block)
+    elif uop.op is UOps.LOAD:
+      if uop.src[0].op is UOps.DEFINE_ACC: values[uop] = builder.load(src[0], typ=register_type(uop.dtype))
+      elif len(src) == 3:  # a gated load: clamp the index so a masked-out lane never reads out of bounds, then zero the value
+        index = builder.select(src[2], src[1], ir.Constant(src[1].type, 0))
+        loaded = _load_from_memory(builder, builder.gep(src[0], [index], source_etype=memory_type(uop.dtype)), uop.dtype)
+        values[uop] = builder.select(src[2], loaded, _constant(0, uop.dtype))
+      else: values[uop] = _load_from_memory(builder, builder.gep(src[0], [src[1]], source_etype=memory_type(uop.dtype)), uop.dtype)
+    elif uop.op is UOps.STORE:
+      if uop.src[0].op is UOps.DEFINE_ACC: builder.store(src[1], src[0])
+      else: builder.store(_to_memory(builder, src[2], uop.src[2].dtype), builder.gep(src[0], [src[1]], source_etype=memory_type(uop.src[2].dtype)))
+    elif uop.op is UOps.ALU: values[uop] = ALU_RENDERERS[uop.arg](builder, uop.src[-1].dtype, *src)
+    elif uop.op is UOps.CAST: values[uop] = cast(builder, src[0], uop.src[0].dtype, uop.dtype)
+    elif uop.op is UOps.BITCAST: values[uop] = builder.bitcast(src[0], register_type(uop.dtype))
+    else: raise NotImplementedError(f"the LLVM renderer has no rule for {uop.op}")
+  allocas.branch(function.basic_blocks[1])
+  builder.ret_void()
+  return str(module)

@@ -1,0 +1,52 @@
+"""Layer 3: UOps, the typed linear IR that every renderer turns into source. Imports helpers, dtype, ops."""
+from __future__ import annotations
+import math, operator
+from dataclasses import dataclass
+from enum import Enum, auto
+from typing import Any, Callable
+from tinyc.dtype import DType, dtypes
+from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
+
+class UOps(Enum):
+  DEFINE_GLOBAL = auto()  # arg: (name, is_output); dtype: element type of the buffer
+  DEFINE_ACC = auto()     # a mutable local scalar; arg: its initial value. LOAD(acc) reads it, STORE(acc, value) writes it
+  SPECIAL = auto()        # a thread/block id on GPUs; arg: (dim, name, size)
+  LOOP = auto()           # src: (start, end); arg: the loop variable's name
+  END = auto()            # src: (loop,)
+  LOAD = auto()           # src: (buffer, index[, valid]) or (acc,)
+  STORE = auto()          # src: (buffer, index, value) or (acc, value)
+  CONST = auto()          # arg: the Python value
+  ALU = auto()            # arg: the UnaryOps/BinaryOps/TernaryOps member
+  CAST = auto()           # src: (value,); dtype: the target
+  BITCAST = auto()
+
+@dataclass(frozen=True, eq=False)
+class UOp:
+  """One linearized op. Identity is the object: the linearizer dedups equal pure UOps before making them."""
+  op: UOps
+  dtype: DType | None
+  src: tuple[UOp, ...] = ()
+  arg: Any = None
+  def __repr__(self) -> str:
+    return f"{self.op.name:13s} {str(self.dtype.name if self.dtype else ''):8s} {[id(s) % 10007 for s in self.src]} {self.arg!r} #{id(self) % 10007}"
+
+def _int_div(a: int, b: int) -> int: return int(a / b) if b != 0 else 0  # C's truncation; x/0 is made 0 (renderers guard it)
+def _int_mod(a: int, b: int) -> int: return a - b * _int_div(a, b)
+
+# what each ALU op computes, in Python: constant folding uses it, and so can a reference interpreter
+PYTHON_ALU: dict[Op, Callable[..., Any]] = {
+  UnaryOps.NEG: operator.neg, UnaryOps.SQRT: lambda x: math.sqrt(x) if x >= 0 else math.nan, UnaryOps.EXP2: lambda x: math.exp2(x),
+  UnaryOps.LOG2: lambda x: math.log2(x) if x > 0 else (-math.inf if x == 0 else math.nan), UnaryOps.SIN: math.sin,
+  UnaryOps.RECIP: lambda x: 1 / x if x != 0 else math.copysign(math.inf, x),
+  BinaryOps.ADD: operator.add, BinaryOps.SUB: operator.sub, BinaryOps.MUL: operator.mul, BinaryOps.MAX: max,
+  BinaryOps.DIV: lambda a, b: a / b if b != 0 else (math.nan if a == 0 else math.copysign(math.inf, a) * math.copysign(1, b)),
+  BinaryOps.IDIV: _int_div, BinaryOps.MOD: _int_mod, BinaryOps.CMPLT: operator.lt, BinaryOps.CMPEQ: operator.eq,
+  BinaryOps.AND: operator.and_, BinaryOps.OR: operator.or_, BinaryOps.XOR: operator.xor, TernaryOps.WHERE: lambda c, a, b: a if c else b}
+
+def cast_python_value(value: Any, dtype: DType) -> Any:
+  """A Python number as it is when stored in `dtype` (ints wrap around, bools are 0/1)."""
+  if dtype == dtypes.bool: return bool(value)
+  if dtypes.is_float(dtype): return float(value)
+  bits = 8 * dtype.itemsize
+  wrapped = int(value) & ((1 << bits) - 1)
+  return wrapped - (1 << bits) if not dtypes.is_unsigned(dtype) and wrapped >= 1 << (bits - 1) else wrapped

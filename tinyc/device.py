@@ -1,0 +1,150 @@
+"""Layer 4: devices. Buffer (memory on a device), the caching allocator, Compiled (a backend assembled from an allocator, a
+renderer, a compiler and a program runner) and the Device registry. Imports helpers, dtype, ops, codegen/; backends live in
+runtime/ops_<name>.py and are loaded by name when first asked for.
+"""
+from __future__ import annotations
+import importlib, time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable
+import numpy as np
+from tinyc.dtype import DType, dtypes
+from tinyc.helpers import DEBUG, GlobalCounters, colored, getenv
+from tinyc.ops import LazyOp, MemBuffer
+from tinyc.codegen.kernel import Kernel
+from tinyc.codegen.linearizer import Linearizer
+from tinyc.codegen.uops import UOps, UOp
+
+class Allocator:
+  """Device memory with a free list: a freed block is kept and handed out again for the next request of the same size."""
+  def __init__(self) -> None: self.cache: dict[int, list[Any]] = defaultdict(list)
+  def alloc(self, nbytes: int) -> Any:
+    if self.cache[nbytes]: return self.cache[nbytes].pop()
+    try: return self._alloc(nbytes)
+    except MemoryError:
+      self.free_cache()
+      return self._alloc(nbytes)
+  def free(self, opaque: Any, nbytes: int) -> None: self.cache[nbytes].append(opaque)
+  def free_cache(self) -> None:
+    for nbytes, blocks in self.cache.items():
+      for block in blocks: self._free(block, nbytes)
+    self.cache.clear()
+  # what a backend provides
+  def _alloc(self, nbytes: int) -> Any: raise NotImplementedError
+  def _free(self, opaque: Any, nbytes: int) -> None: pass
+  def copyin(self, dest: Any, src: memoryview) -> None: raise NotImplementedError
+  def copyout(self, dest: memoryview, src: Any) -> None: raise NotImplementedError
+
+class Buffer:
+  """`size` elements of `dtype` on `device`; the memory is taken when first needed and given back to the allocator on delete."""
+  def __init__(self, device: str, size: int, dtype: DType) -> None:
+    self.device, self.size, self.dtype = device, size, dtype
+    self.allocator = Device[device].allocator
+    self._opaque: Any = None
+  @property
+  def nbytes(self) -> int: return self.size * self.dtype.itemsize
+  @property
+  def opaque(self) -> Any:
+    if self._opaque is None:
+      self._opaque = self.allocator.alloc(self.nbytes)
+      GlobalCounters.mem_used += self.nbytes
+    return self._opaque
+  def __del__(self) -> None:
+    if getattr(self, "_opaque", None) is None: return
+    GlobalCounters.mem_used -= self.nbytes
+    self.allocator.free(self._opaque, self.nbytes)
+  def __repr__(self) -> str: return f"<Buffer {self.device} {self.size} {self.dtype.name}>"
+  def copyin(self, data: np.ndarray) -> Buffer:
+    assert data.nbytes == self.nbytes, f"copyin of {data.nbytes} bytes into a buffer of {self.nbytes}"
+    self.allocator.copyin(self.opaque, memoryview(np.ascontiguousarray(data)).cast("B"))
+    return self
+  def numpy(self) -> np.ndarray:
+    """The buffer's contents as a flat numpy array (bfloat16 comes back as float32)."""
+    storage = np.dtype(np.uint16) if self.dtype == dtypes.bfloat16 else self.dtype.np
+    out = np.empty(self.size, dtype=storage)
+    if self.size: self.allocator.copyout(memoryview(out).cast("B"), self.opaque)
+    if self.dtype == dtypes.bfloat16: return (out.astype(np.uint32) << 16).view(np.float32)
+    return out
+
+class CompileError(RuntimeError):
+  """A backend's compiler rejected a kernel's source."""
+
+@dataclass
+class Program:
+  """A compiled kernel, ready to launch on its buffers."""
+  name: str
+  device: str
+  run: Callable[..., float | None]  # run(*opaque_buffers, wait=bool) -> seconds when wait
+  flops: int
+  mem_bytes: int
+  def __call__(self, buffers: list[Buffer]) -> None:
+    wait = DEBUG >= 2
+    seconds = self.run(*[buf.opaque for buf in buffers], wait=wait)
+    GlobalCounters.kernel_count += 1
+    GlobalCounters.global_ops += self.flops
+    GlobalCounters.global_mem += self.mem_bytes
+    if seconds is not None:
+      GlobalCounters.time_sum_s += seconds
+      if DEBUG >= 2:
+        print(f"{colored(f'*** {self.device:5s} {GlobalCounters.kernel_count:4d}', 'magenta')} {self.name:30s} "
+              f"{seconds * 1e6:9.2f} us  {self.flops / seconds * 1e-9:8.2f} GFLOP/s  {self.mem_bytes / seconds * 1e-9:8.2f} GB/s")
+
+class Compiled:
+  """A backend: allocator + renderer (name, uops -> source) + compiler (name, source -> runnable) + a cache from AST to Program."""
+  def __init__(self, name: str, allocator: Allocator, render: Callable[[str, list[UOp]], str], compile: Callable[[str, str], Callable[..., Any]]):
+    self.name, self.allocator, self.render, self.compile = name, allocator, render, compile
+    self.programs: dict[LazyOp, Program] = {}
+    self._names: dict[str, int] = defaultdict(int)
+
+  def get_program(self, ast: LazyOp) -> Program:
+    if (program := self.programs.get(ast)) is not None: return program
+    kernel = Kernel(ast)
+    kernel.print_ast()
+    uops = Linearizer(kernel).linearize()
+    self._names[kernel.name] += 1
+    name = kernel.name if self._names[kernel.name] == 1 else f"{kernel.name}n{self._names[kernel.name] - 1}"
+    source = self.render(name, uops)
+    if DEBUG >= 4: print(source)
+    started = time.perf_counter()
+    run = self.compile(name, source)
+    if DEBUG >= 3: print(f"compiled {name} in {(time.perf_counter() - started) * 1e3:.2f} ms")
+    flops = count_flops(uops)
+    mem_bytes = sum(buf.st.real_size() * buf.dtype.itemsize for buf in kernel.bufs if isinstance(buf, MemBuffer))
+    self.programs[ast] = program = Program(name, self.name, run, flops, mem_bytes)
+    return program
+
+def count_flops(uops: list[UOp]) -> int:
+  """A kernel's float operations: each float ALU op counts once per iteration of its loops."""
+  flops, trips, loop_sizes = 0, 1, []
+  for uop in uops:
+    if uop.op is UOps.LOOP:
+      loop_sizes.append(uop.src[1].arg)
+      trips *= uop.src[1].arg
+    elif uop.op is UOps.END: trips //= loop_sizes.pop()
+    elif uop.op is UOps.ALU and uop.dtype is not None and dtypes.is_float(uop.dtype): flops += trips
+  return flops
+
+BACKENDS = ("CUDA", "GPU", "LLVM")
+
+class DeviceRegistry:
+  """`Device["LLVM"]` is the LLVM backend (made on first use); `Device.DEFAULT` is the name chosen by the environment."""
+  def __init__(self) -> None: self._opened: dict[str, Compiled] = {}
+  def canonicalize(self, name: str | None) -> str:
+    if name is None: return self.DEFAULT
+    base = name.split(":")[0].upper()
+    if base not in BACKENDS: raise ValueError(f"unknown device {name!r}: tinyc has {', '.join(BACKENDS)} (set LLVM=1, GPU=1, CUDA=1 or DEVICE=NAME)")
+    return base
+  def __getitem__(self, name: str) -> Compiled:
+    name = self.canonicalize(name)
+    if name not in self._opened:
+      module = importlib.import_module(f"tinyc.runtime.ops_{name.lower()}")
+      self._opened[name] = module.open_device()
+    return self._opened[name]
+  @property
+  def DEFAULT(self) -> str:
+    if (chosen := getenv("DEVICE", "")): return self.canonicalize(chosen)
+    for name in BACKENDS:
+      if getenv(name, 0) == 1: return name
+    return "LLVM"
+
+Device = DeviceRegistry()

@@ -1,0 +1,99 @@
+"""Layer 1: data types and PyTorch's type promotion. Imports only numpy and the stdlib."""
+from __future__ import annotations
+import functools
+from dataclasses import dataclass
+from typing import Any
+import numpy as np
+
+@dataclass(frozen=True, order=True)
+class DType:
+  """A scalar type: `priority` orders promotion inside a category, `itemsize` is bytes per element."""
+  priority: int
+  itemsize: int
+  name: str
+  np_name: str | None  # numpy's name for it; None where numpy has no such type (bfloat16)
+  def __repr__(self) -> str: return f"dtypes.{self.name}"
+  @property
+  def np(self) -> Any: return np.dtype(self.np_name) if self.np_name is not None else None
+
+class dtypes:
+  """The dtypes tinyc knows, with PyTorch's names."""
+  bool = DType(0, 1, "bool", "bool")
+  int8 = DType(1, 1, "int8", "int8")
+  uint8 = DType(2, 1, "uint8", "uint8")
+  int16 = DType(3, 2, "int16", "int16")
+  uint16 = DType(4, 2, "uint16", "uint16")
+  int32 = DType(5, 4, "int32", "int32")
+  uint32 = DType(6, 4, "uint32", "uint32")
+  int64 = DType(7, 8, "int64", "int64")
+  uint64 = DType(8, 8, "uint64", "uint64")
+  float16 = DType(9, 2, "float16", "float16")
+  bfloat16 = DType(10, 2, "bfloat16", None)
+  float32 = DType(11, 4, "float32", "float32")
+  float64 = DType(12, 8, "float64", "float64")
+  half, float, double, int, long, uint = float16, float32, float64, int32, int64, uint32
+  default_float = float32
+  default_int = int32  # as in tinygrad: 32-bit index math is what GPUs run fast; cast to int64 explicitly when needed
+
+  @staticmethod
+  def is_float(dtype: DType) -> bool: return dtype in FLOATS
+  @staticmethod
+  def is_int(dtype: DType) -> bool: return dtype in INTS
+  @staticmethod
+  def is_unsigned(dtype: DType) -> bool: return dtype in UNSIGNED
+  @staticmethod
+  def from_np(np_dtype: Any) -> DType:
+    name = np.dtype(np_dtype).name
+    if name not in BY_NAME: raise TypeError(f"numpy dtype {name} is not supported; supported: {', '.join(sorted(BY_NAME))}")
+    return BY_NAME[name]
+  @staticmethod
+  def from_py(value: Any) -> DType:
+    """The dtype PyTorch gives a tensor made from this Python value (nested lists look at every element)."""
+    if isinstance(value, (list, tuple)): return least_upper_dtype(*[dtypes.from_py(v) for v in value]) if value else dtypes.default_float
+    if isinstance(value, bool): return dtypes.bool
+    if isinstance(value, int): return dtypes.default_int
+    if isinstance(value, float): return dtypes.default_float
+    raise TypeError(f"cannot make a tensor from a {type(value).__name__}: use a number, a (nested) list or a numpy array")
+  @staticmethod
+  def min(dtype: DType) -> Any:
+    if dtype == dtypes.bool: return False
+    if dtypes.is_int(dtype): return 0 if dtypes.is_unsigned(dtype) else -(2 ** (8 * dtype.itemsize - 1))
+    return -float("inf")
+  @staticmethod
+  def max(dtype: DType) -> Any:
+    if dtype == dtypes.bool: return True
+    if dtypes.is_int(dtype): return 2 ** (8 * dtype.itemsize) - 1 if dtypes.is_unsigned(dtype) else 2 ** (8 * dtype.itemsize - 1) - 1
+    return float("inf")
+
+FLOATS = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
+UNSIGNED = (dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64)
+INTS = (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64) + UNSIGNED
+ALL = (dtypes.bool,) + INTS + FLOATS
+BY_NAME = {d.name: d for d in ALL}
+
+# PyTorch's promotion as a lattice: a type promotes to its parents; two types meet at their least common ancestor.
+# int64/uint64 + a float type gives that float type (like torch), uint8 + int8 gives int16.
+PROMOTION_PARENTS: dict[DType, list[DType]] = {
+  dtypes.bool: [dtypes.int8, dtypes.uint8], dtypes.int8: [dtypes.int16], dtypes.int16: [dtypes.int32], dtypes.int32: [dtypes.int64],
+  dtypes.int64: [dtypes.float16, dtypes.bfloat16], dtypes.uint8: [dtypes.int16, dtypes.uint16], dtypes.uint16: [dtypes.int32, dtypes.uint32],
+  dtypes.uint32: [dtypes.int64, dtypes.uint64], dtypes.uint64: [dtypes.float16, dtypes.bfloat16],
+  dtypes.float16: [dtypes.float32], dtypes.bfloat16: [dtypes.float32], dtypes.float32: [dtypes.float64], dtypes.float64: []}
+
+@functools.cache
+def _ancestors(dtype: DType) -> frozenset[DType]:
+  return frozenset([dtype]).union(*[_ancestors(parent) for parent in PROMOTION_PARENTS[dtype]])
+
+def least_upper_dtype(*ds: DType) -> DType:
+  """The dtype PyTorch computes in when tensors of these dtypes meet in one op."""
+  return min(frozenset.intersection(*[_ancestors(d) for d in ds])) if len(ds) > 1 else ds[0]
+
+def least_upper_float(dtype: DType) -> DType:
+  """The float dtype an op like exp or division gives for this input: itself if it is a float, else the default float."""
+  return dtype if dtypes.is_float(dtype) else dtypes.default_float
+
+def result_dtype_with_scalar(dtype: DType, scalar: Any) -> DType:
+  """PyTorch: a Python scalar does not upcast a tensor within a category, only across (int tensor + 1.5 -> float)."""
+  if isinstance(scalar, bool) or dtype == dtypes.bool and not isinstance(scalar, (int, float)): return dtype
+  if isinstance(scalar, float) and not dtypes.is_float(dtype): return dtypes.default_float
+  if isinstance(scalar, int) and not isinstance(scalar, bool) and dtype == dtypes.bool: return dtypes.default_int
+  return dtype

@@ -1,0 +1,91 @@
+"""Layer 1: small utilities, environment configuration (read at use time) and global counters. Imports nothing from tinyc.
+
+Glossary of the abbreviations used across tinyc:
+  st    ShapeTracker          buf   buffer            idx   index expression      acc  accumulator (of a reduce)
+  alu   arithmetic UOp/op     uop   one linearized IR op  ast  a kernel's LazyOp tree  lb   LazyBuffer
+  ptr   pointer to a buffer   np    numpy             gidx  global loop index     ridx reduce loop index
+"""
+from __future__ import annotations
+import contextlib, functools, itertools, operator, os, time
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+
+T = TypeVar("T")
+
+def prod(xs: Iterable[Any]) -> Any: return functools.reduce(operator.mul, xs, 1)
+def dedup(xs: Iterable[T]) -> list[T]: return list(dict.fromkeys(xs))
+def argsort(xs: Sequence[Any]) -> list[int]: return sorted(range(len(xs)), key=xs.__getitem__)
+def all_int(xs: Iterable[Any]) -> bool: return all(isinstance(x, int) for x in xs)
+def all_same(xs: Sequence[Any]) -> bool: return all(x == xs[0] for x in xs)
+def flatten(xss: Iterable[Iterable[T]]) -> list[T]: return [x for xs in xss for x in xs]
+def round_up(n: int, multiple: int) -> int: return (n + multiple - 1) // multiple * multiple
+def partition(xs: Iterable[T], keep: Callable[[T], bool]) -> tuple[list[T], list[T]]:
+  yes: list[T] = []
+  no: list[T] = []
+  for x in xs: (yes if keep(x) else no).append(x)
+  return yes, no
+def argfix(*xs: Any) -> tuple[Any, ...]:
+  """Accept both f(1, 2) and f((1, 2)) / f([1, 2])."""
+  return tuple(xs[0]) if len(xs) == 1 and isinstance(xs[0], (tuple, list)) else tuple(xs)
+def unique_counter() -> Iterator[int]: return itertools.count()
+
+def getenv(key: str, default: Any = 0) -> Any:
+  """The environment variable `key` converted to the type of `default`; read each call so changes take effect at once."""
+  raw = os.environ.get(key)
+  return default if raw is None else type(default)(raw)
+
+class ContextVar:
+  """A setting read from the environment at use time, which `Context(...)` can override for a block."""
+  _registry: dict[str, ContextVar] = {}
+  def __new__(cls, key: str, default: Any) -> ContextVar:
+    if key in cls._registry: return cls._registry[key]
+    instance = super().__new__(cls)
+    instance.key, instance.default, instance.overrides = key, default, []
+    cls._registry[key] = instance
+    return instance
+  key: str
+  default: Any
+  overrides: list[Any]
+  @property
+  def value(self) -> Any: return self.overrides[-1] if self.overrides else getenv(self.key, self.default)
+  def __bool__(self) -> bool: return bool(self.value)
+  def __ge__(self, other: Any) -> bool: return self.value >= other
+  def __gt__(self, other: Any) -> bool: return self.value > other
+  def __le__(self, other: Any) -> bool: return self.value <= other
+  def __lt__(self, other: Any) -> bool: return self.value < other
+  def __repr__(self) -> str: return f"ContextVar({self.key}={self.value!r})"
+
+@contextlib.contextmanager
+def Context(**settings: Any) -> Iterator[None]:
+  """Override settings for a block: `with Context(DEBUG=2, NOOPT=1): ...`."""
+  variables = [ContextVar(key, type(value)()) for key, value in settings.items()]
+  for var, value in zip(variables, settings.values()): var.overrides.append(value)
+  try: yield
+  finally:
+    for var in variables: var.overrides.pop()
+
+DEBUG, BEAM, NOOPT, CI = ContextVar("DEBUG", 0), ContextVar("BEAM", 0), ContextVar("NOOPT", 0), ContextVar("CI", "")
+
+class GlobalCounters:
+  """What the realizes since the last reset() ran: kernels, FLOPs, bytes moved, seconds spent in kernels."""
+  kernel_count: int = 0
+  global_ops: int = 0
+  global_mem: int = 0
+  time_sum_s: float = 0.0
+  mem_used: int = 0  # bytes held by live device buffers (not reset)
+  @staticmethod
+  def reset() -> None: GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem, GlobalCounters.time_sum_s = 0, 0, 0, 0.0
+
+class Timing(contextlib.ContextDecorator):
+  """Print how long a block took: `with Timing("schedule: "): ...`."""
+  def __init__(self, prefix: str = "", enabled: bool = True) -> None: self.prefix, self.enabled = prefix, enabled
+  def __enter__(self) -> Timing:
+    self.start = time.perf_counter_ns()
+    return self
+  def __exit__(self, *exc: Any) -> None:
+    self.elapsed_ns = time.perf_counter_ns() - self.start
+    if self.enabled: print(f"{self.prefix}{self.elapsed_ns * 1e-6:.2f} ms")
+
+def colored(text: str, color: str | None) -> str:
+  codes = {"red": 31, "green": 32, "yellow": 33, "blue": 34, "magenta": 35, "cyan": 36, "white": 37}
+  return f"\u001b[{codes[color]}m{text}\u001b[0m" if color else text
+def to_function_name(text: str) -> str: return "".join(c if c.isalnum() or c == "_" else f"{ord(c):02X}" for c in text)

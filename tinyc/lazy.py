@@ -1,0 +1,87 @@
+"""Layer 5: LazyBuffer, a node of the lazy graph. A *base* is a value to compute (op, srcs) or a realized Buffer; every other
+LazyBuffer is a *view*: a base seen through a ShapeTracker, which is why movement ops never make kernels.
+Imports helpers, dtype, ops, shape/, device.
+"""
+from __future__ import annotations
+from typing import Any
+import numpy as np
+from tinyc.dtype import DType, dtypes
+from tinyc.helpers import prod
+from tinyc.ops import BinaryOps, LoadOps, Op, ReduceOps, TernaryOps, UnaryOps
+from tinyc.shape.shapetracker import ShapeTracker
+from tinyc.device import Buffer, Device
+
+class LazyBuffer:
+  def __init__(self, device: str, st: ShapeTracker, dtype: DType, op: Op | None = None, arg: Any = None,
+               srcs: tuple[LazyBuffer, ...] = (), base: LazyBuffer | None = None) -> None:
+    self.device, self.st, self.dtype, self.shape = device, st, dtype, st.shape
+    self._base = base
+    if base is None:  # only a base has an op and can be realized
+      self.op, self.arg, self.srcs = op, arg, srcs
+      self.realized: Buffer | None = None
+
+  @property
+  def base(self) -> LazyBuffer: return self._base if self._base is not None else self
+  def is_realized(self) -> bool: return self.base.realized is not None
+  def __repr__(self) -> str:
+    what = "realized" if self.base.realized is not None else self.base.op
+    return f"<LB {self.device} {self.shape} {self.dtype.name} {what}{'' if self._base is None else ' view'}>"
+
+  # ---- making bases ----
+  @staticmethod
+  def loadop(op: LoadOps, shape: tuple[int, ...], dtype: DType, device: str, arg: Any = None, srcs: tuple[LazyBuffer, ...] = ()) -> LazyBuffer:
+    return LazyBuffer(device, ShapeTracker.from_shape(shape), dtype, op, arg, srcs)
+  @staticmethod
+  def from_numpy(array: np.ndarray, device: str, dtype: DType) -> LazyBuffer:
+    """A realized base holding a copy of `array` (numpy data is copied at once: it may change after this call)."""
+    result = LazyBuffer.loadop(LoadOps.EMPTY, array.shape, dtype, device)
+    if dtype == dtypes.bfloat16: array = (np.asarray(array, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    result.realized = Buffer(Device.canonicalize(device), prod(array.shape), dtype).copyin(np.asarray(array))
+    return result
+  def const(self, value: Any, shape: tuple[int, ...] | None = None) -> LazyBuffer:
+    """A constant of this buffer's dtype and device, broadcast to `shape` (default: this shape). Costs no memory."""
+    shape = self.shape if shape is None else shape
+    scalar = LazyBuffer.loadop(LoadOps.CONST, (), self.dtype, self.device, arg=value)
+    return scalar.reshape((1,) * len(shape)).expand(shape)
+
+  def is_unrealized_const(self) -> bool: return self.base.realized is None and self.base.op is LoadOps.CONST
+
+  def alu(self, op: UnaryOps | BinaryOps | TernaryOps, *srcs: LazyBuffer, arg: Any = None) -> LazyBuffer:
+    """An elementwise op over same-shaped operands (self first)."""
+    operands = (self,) + srcs
+    assert all(x.shape == self.shape for x in operands), f"elementwise {op} needs equal shapes, got {[x.shape for x in operands]}"
+    if op is UnaryOps.CAST or op is UnaryOps.BITCAST: dtype = arg
+    elif op in (BinaryOps.CMPLT, BinaryOps.CMPEQ): dtype = dtypes.bool
+    else: dtype = operands[-1].dtype
+    return LazyBuffer(self.device, ShapeTracker.from_shape(self.shape), dtype, op, arg, operands)
+
+  def cast(self, dtype: DType, bitcast: bool = False) -> LazyBuffer:
+    if dtype == self.dtype: return self
+    return self.alu(UnaryOps.BITCAST if bitcast else UnaryOps.CAST, arg=dtype)
+
+  def reduce(self, op: ReduceOps, axis: tuple[int, ...]) -> LazyBuffer:
+    """Reduce over `axis`, keeping each reduced dim as size 1."""
+    new_shape = tuple(1 if i in axis else s for i, s in enumerate(self.shape))
+    if new_shape == self.shape: return self
+    return LazyBuffer(self.device, ShapeTracker.from_shape(new_shape), self.dtype, op, axis, (self,))
+
+  def contiguous(self) -> LazyBuffer:
+    """This value in its own contiguous memory (a copy kernel unless it already is a plain base)."""
+    if self._base is None and self.op is not LoadOps.CONST: return self
+    return LazyBuffer.loadop(LoadOps.CONTIGUOUS, self.shape, self.dtype, self.device, srcs=(self,))
+
+  def copy_to_device(self, device: str) -> LazyBuffer:
+    if device == self.device: return self
+    return LazyBuffer.loadop(LoadOps.COPY, self.shape, self.dtype, device, srcs=(self.contiguous(),))
+
+  # ---- movement: views ----
+  def _view(self, st: ShapeTracker) -> LazyBuffer:
+    if st.shape == self.base.shape and st.contiguous: return self.base
+    return LazyBuffer(self.device, st, self.dtype, base=self.base)
+  def reshape(self, shape: tuple[int, ...]) -> LazyBuffer: return self if shape == self.shape else self._view(self.st.reshape(shape))
+  def permute(self, order: tuple[int, ...]) -> LazyBuffer: return self if order == tuple(range(len(order))) else self._view(self.st.permute(order))
+  def expand(self, shape: tuple[int, ...]) -> LazyBuffer: return self if shape == self.shape else self._view(self.st.expand(shape))
+  def pad(self, padding: tuple[tuple[int, int], ...]) -> LazyBuffer: return self if all(p == (0, 0) for p in padding) else self._view(self.st.pad(padding))
+  def shrink(self, bounds: tuple[tuple[int, int], ...]) -> LazyBuffer:
+    return self if all(b == (0, s) for b, s in zip(bounds, self.shape)) else self._view(self.st.shrink(bounds))
+  def stride(self, steps: tuple[int, ...]) -> LazyBuffer: return self if all(s == 1 for s in steps) else self._view(self.st.stride(steps))

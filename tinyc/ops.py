@@ -1,0 +1,85 @@
+"""Layer 2: the primitive op enums and LazyOp, the tree a kernel is made from. Imports helpers, dtype and shape/."""
+from __future__ import annotations
+from dataclasses import dataclass, field
+from enum import Enum, auto
+from typing import Any, Union
+from tinyc.dtype import DType, dtypes
+from tinyc.shape.shapetracker import ShapeTracker
+
+class UnaryOps(Enum):
+  EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); NEG = auto(); CAST = auto(); BITCAST = auto()  # noqa: E702
+class BinaryOps(Enum):
+  ADD = auto(); SUB = auto(); MUL = auto(); DIV = auto(); IDIV = auto(); MOD = auto(); MAX = auto()  # noqa: E702
+  CMPLT = auto(); CMPEQ = auto(); AND = auto(); OR = auto(); XOR = auto()  # noqa: E702
+class TernaryOps(Enum):
+  WHERE = auto()
+class ReduceOps(Enum):
+  SUM = auto(); MAX = auto()  # noqa: E702
+class MovementOps(Enum):
+  RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); STRIDE = auto()  # noqa: E702
+class BufferOps(Enum):
+  """The leaves and the root of a kernel's AST."""
+  LOAD = auto(); CONST = auto(); STORE = auto()  # noqa: E702
+class LoadOps(Enum):
+  """Graph nodes that are not computed by a kernel: EMPTY allocates, CONST is a scalar, COPY moves data across devices."""
+  EMPTY = auto(); CONST = auto(); COPY = auto(); CONTIGUOUS = auto()  # noqa: E702
+
+Op = Union[UnaryOps, BinaryOps, TernaryOps, ReduceOps, MovementOps, BufferOps, LoadOps]
+ElementwiseOps = (UnaryOps, BinaryOps, TernaryOps)
+
+# ops for which f(0, 0, ...) != 0: an expression containing one cannot be padded by masking its loads
+UNSAFE_PAD_OPS = {UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.RECIP, BinaryOps.DIV, BinaryOps.IDIV, BinaryOps.MOD, BinaryOps.CMPEQ}
+
+@dataclass(frozen=True)
+class MemBuffer:
+  """Buffer number `idx` of a kernel (0 is the output), read or written through `st`."""
+  idx: int
+  dtype: DType
+  st: ShapeTracker
+
+@dataclass(frozen=True)
+class ConstBuffer:
+  """A scalar broadcast through `st` (its mask zeroes the padded area)."""
+  val: Any
+  dtype: DType
+  st: ShapeTracker
+
+@dataclass(frozen=True)
+class LazyOp:
+  """One node of a kernel's AST; immutable, hashed once (the AST is the key of the program caches)."""
+  op: Op
+  src: tuple[LazyOp, ...] = ()
+  arg: Any = None
+  _hash: int = field(default=0, init=False, repr=False, compare=False)
+  def __post_init__(self) -> None: object.__setattr__(self, "_hash", hash((self.op, self.src, self.arg)))
+  def __hash__(self) -> int: return self._hash
+  def __eq__(self, other: object) -> bool:
+    return self is other or (isinstance(other, LazyOp) and self._hash == other._hash and self.op == other.op and self.arg == other.arg
+                             and self.src == other.src)
+  @property
+  def dtype(self) -> DType:
+    """The dtype this node computes, following the rules every renderer uses."""
+    if self.op in (BufferOps.LOAD, BufferOps.CONST, BufferOps.STORE): return self.arg.dtype
+    if self.op in (UnaryOps.CAST, UnaryOps.BITCAST): return self.arg
+    if self.op in (BinaryOps.CMPLT, BinaryOps.CMPEQ): return dtypes.bool
+    return self.src[-1].dtype if self.op is TernaryOps.WHERE else self.src[0].dtype
+  def walk(self) -> list[LazyOp]:
+    """Every node of the tree once, sources before their users."""
+    order: dict[LazyOp, None] = {}
+    def visit(node: LazyOp) -> None:
+      if node in order: return
+      for s in node.src: visit(s)
+      order[node] = None
+    visit(self)
+    return list(order)
+  def map_buffers(self, fn: Any) -> LazyOp:
+    """A copy of the tree with each LOAD/CONST/STORE arg replaced by fn(arg)."""
+    if self.op in BufferOps: return LazyOp(self.op, tuple(s.map_buffers(fn) for s in self.src), fn(self.arg))
+    return LazyOp(self.op, tuple(s.map_buffers(fn) for s in self.src), self.arg)
+
+@dataclass(frozen=True)
+class ScheduleItem:
+  """One kernel to run (or one LoadOp to perform): its AST, the buffer it writes and the buffers it reads."""
+  ast: LazyOp
+  out: Any      # LazyBuffer (typed loosely: lazy.py sits above this layer)
+  inputs: tuple[Any, ...]

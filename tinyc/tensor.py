@@ -1,0 +1,475 @@
+"""Layer 6: Tensor, the user API: construction, data access, autograd tape, elementwise math and reductions.
+Movement/indexing lives in tensor_movement.py and network ops in tensor_nn.py (mixins). Imports every lower layer.
+"""
+from __future__ import annotations
+import math, time
+from typing import Any, ClassVar, Iterable, Sequence
+import numpy as np
+from tinyc.dtype import DType, dtypes, least_upper_dtype, least_upper_float, result_dtype_with_scalar
+from tinyc.helpers import argfix, prod
+from tinyc.ops import BinaryOps, LoadOps
+from tinyc.device import Device
+from tinyc.lazy import LazyBuffer
+from tinyc.realize import realize
+from tinyc import function as F
+from tinyc.tensor_movement import MovementMixin, normalize_axis
+from tinyc.tensor_nn import NNMixin
+
+Scalar = int | float | bool
+
+class Tensor(MovementMixin, NNMixin):
+  """A lazy n-dimensional array: ops build a graph, realize()/numpy() run it as fused kernels."""
+  __slots__ = ("lazydata", "requires_grad", "grad", "_ctx")
+  training: ClassVar[bool] = False
+  no_grad: ClassVar[bool] = False
+  _rng: ClassVar[np.random.Generator] = np.random.default_rng(int(time.time()))
+
+  def __init__(self, data: Any, device: str | None = None, dtype: DType | None = None, requires_grad: bool | None = None) -> None:
+    device = Device.canonicalize(device)
+    self.grad: Tensor | None = None
+    self.requires_grad: bool | None = requires_grad
+    self._ctx: F.Function | None = None
+    if isinstance(data, LazyBuffer):
+      assert dtype is None or dtype == data.dtype, f"a LazyBuffer of {data.dtype} cannot become a {dtype} tensor"
+      self.lazydata = data if data.device == device else data.copy_to_device(device)
+      return
+    if isinstance(data, Tensor): data = data.numpy()
+    if isinstance(data, (bool, int, float)):
+      dtype = dtype or dtypes.from_py(data)
+      self.lazydata = LazyBuffer.loadop(LoadOps.CONST, (), dtype, device, arg=_cast_scalar(data, dtype))
+      return
+    if isinstance(data, (list, tuple)):
+      dtype = dtype or dtypes.from_py(data)
+      try: data = np.array(data, dtype=np.float32 if dtype == dtypes.bfloat16 else dtype.np)
+      except ValueError as error: raise ValueError(f"cannot make a tensor from ragged nested lists: {error}") from error
+    if not isinstance(data, np.ndarray): raise TypeError(f"cannot make a Tensor from {type(data).__name__}: use a number, a (nested) list or a numpy array")
+    dtype = dtype or dtypes.from_np(data.dtype)
+    array = data.astype(np.float32 if dtype == dtypes.bfloat16 else dtype.np, copy=False)
+    self.lazydata = LazyBuffer.from_numpy(array, device, dtype)
+
+  # ---- properties ----
+  @property
+  def shape(self) -> tuple[int, ...]: return self.lazydata.shape
+  @property
+  def dtype(self) -> DType: return self.lazydata.dtype
+  @property
+  def device(self) -> str: return self.lazydata.device
+  @property
+  def ndim(self) -> int: return len(self.shape)
+  def numel(self) -> int: return prod(self.shape)
+  def element_size(self) -> int: return self.dtype.itemsize
+  def nbytes(self) -> int: return self.numel() * self.element_size()
+  def is_floating_point(self) -> bool: return dtypes.is_float(self.dtype)
+  def __len__(self) -> int:
+    if not self.shape: raise TypeError("len() of a 0-d tensor")
+    return self.shape[0]
+  def __repr__(self) -> str: return f"<Tensor {self.lazydata!r} on {self.device} with grad {self.grad.lazydata if self.grad is not None else None}>"
+  def __hash__(self) -> int: return id(self)
+  def __bool__(self) -> bool:
+    if self.numel() != 1: raise RuntimeError(f"Boolean value of Tensor with {self.numel()} elements is ambiguous")
+    return bool(self.item())
+
+  # ---- realizing and data ----
+  def realize(self) -> Tensor:
+    """Compute this tensor now (fusing its graph into kernels); returns self."""
+    realize([self.lazydata])
+    return self
+  @staticmethod
+  def corealize(tensors: Iterable[Tensor]) -> None:
+    """Compute several tensors in one schedule, so shared work runs once."""
+    realize([t.lazydata for t in tensors])
+  def numpy(self) -> np.ndarray:
+    """The values as a numpy array of exactly this shape (bfloat16 comes back as float32)."""
+    if self.numel() == 0: return np.zeros(self.shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else self.dtype.np)
+    data = self.lazydata
+    if not (data.base is data or (data.st.contiguous and data.shape == data.base.shape)): data = data.contiguous()
+    realize([data])
+    assert data.base.realized is not None
+    return data.base.realized.numpy().reshape(self.shape)
+  def item(self) -> Scalar:
+    """The single value of a one-element tensor as a Python number."""
+    if self.numel() != 1: raise ValueError(f"a Tensor with {self.numel()} elements cannot be converted to Scalar")
+    return self.numpy().reshape(()).item()
+  def tolist(self) -> Any: return self.numpy().tolist()
+  def to(self, device: str) -> Tensor:
+    """This tensor on another device (a copy; the graph stays differentiable through detach only)."""
+    device = Device.canonicalize(device)
+    if device == self.device: return self
+    moved = Tensor(self.lazydata.copy_to_device(device), device, requires_grad=self.requires_grad)
+    if self.grad is not None: moved.grad = self.grad.to(device)
+    return moved
+  def to_(self, device: str) -> None:
+    """Move this tensor (and its grad) to another device in place."""
+    moved = self.to(device)
+    self.lazydata, self.grad = moved.lazydata, moved.grad
+  def detach(self) -> Tensor: return Tensor(self.lazydata, device=self.device, requires_grad=False)
+  def assign(self, x: Tensor | Any) -> Tensor:
+    """Replace this tensor's value with x's (same shape and dtype), keeping the object."""
+    if not isinstance(x, Tensor): x = Tensor(x, device=self.device, dtype=self.dtype)
+    if x.shape != self.shape: raise ValueError(f"assign needs the same shape: {self.shape} vs {x.shape}")
+    self.lazydata = x.cast(self.dtype).lazydata
+    return self
+
+  # ---- construction ----
+  @staticmethod
+  def _shape(shape: tuple[Any, ...]) -> tuple[int, ...]:
+    dims = argfix(*shape)
+    if not all(isinstance(d, int) and d >= 0 for d in dims): raise ValueError(f"a shape needs non-negative ints, got {dims}")
+    return dims
+  @staticmethod
+  def full(shape: Sequence[int] | int, fill_value: Scalar, **kwargs: Any) -> Tensor:
+    """A tensor of `shape` filled with `fill_value` (no memory until realized)."""
+    dims = Tensor._shape((shape,))
+    return Tensor(fill_value, **kwargs).reshape((1,) * len(dims)).expand(dims)
+  @staticmethod
+  def zeros(*shape: Any, **kwargs: Any) -> Tensor: return Tensor.full(Tensor._shape(shape), 0.0 if "dtype" not in kwargs else 0, **kwargs)
+  @staticmethod
+  def ones(*shape: Any, **kwargs: Any) -> Tensor: return Tensor.full(Tensor._shape(shape), 1.0 if "dtype" not in kwargs else 1, **kwargs)
+  @staticmethod
+  def empty(*shape: Any, device: str | None = None, dtype: DType | None = None, **kwargs: Any) -> Tensor:
+    dims, dtype = Tensor._shape(shape), dtype or dtypes.default_float
+    return Tensor(LazyBuffer.loadop(LoadOps.EMPTY, dims, dtype, Device.canonicalize(device)), device=device, **kwargs)
+  def full_like(self, fill_value: Scalar, **kwargs: Any) -> Tensor:
+    return Tensor.full(self.shape, fill_value, dtype=kwargs.pop("dtype", self.dtype), device=kwargs.pop("device", self.device), **kwargs)
+  def zeros_like(self, **kwargs: Any) -> Tensor: return self.full_like(0, **kwargs)
+  def ones_like(self, **kwargs: Any) -> Tensor: return self.full_like(1, **kwargs)
+  @staticmethod
+  def arange(start: Scalar, stop: Scalar | None = None, step: Scalar = 1, **kwargs: Any) -> Tensor:
+    """Values from start (inclusive) to stop (exclusive) by step, like torch.arange."""
+    if stop is None: start, stop = 0, start
+    if step == 0: raise ValueError("arange: step must be nonzero")
+    count = max(math.ceil((stop - start) / step), 0)
+    dtype = kwargs.pop("dtype", dtypes.default_float if any(isinstance(v, float) for v in (start, stop, step)) else dtypes.default_int)
+    if count == 0: return Tensor.empty(0, dtype=dtype, **kwargs)
+    # a cumulative sum of `step`s through the pooling trick: no data is copied in
+    steps = Tensor.full((count,), step, dtype=dtype, **kwargs).cumsum()
+    return steps + (start - step)
+  @staticmethod
+  def eye(n: int, m: int | None = None, **kwargs: Any) -> Tensor:
+    """The n x m identity matrix."""
+    m = n if m is None else m
+    return (Tensor.arange(n, **{k: v for k, v in kwargs.items() if k == "device"}).reshape(n, 1) ==
+            Tensor.arange(m, **{k: v for k, v in kwargs.items() if k == "device"}).reshape(1, m)).cast(kwargs.get("dtype", dtypes.default_float))
+  @staticmethod
+  def manual_seed(seed: int = 0) -> None:
+    """Make every later random tensor reproducible."""
+    Tensor._rng = np.random.default_rng(seed)
+  @staticmethod
+  def rand(*shape: Any, **kwargs: Any) -> Tensor:
+    """Uniform on [0, 1)."""
+    dtype = kwargs.pop("dtype", dtypes.default_float)
+    return Tensor(Tensor._rng.random(Tensor._shape(shape), dtype=np.float32), **kwargs).cast(dtype)
+  @staticmethod
+  def randn(*shape: Any, **kwargs: Any) -> Tensor:
+    """Standard normal."""
+    dtype = kwargs.pop("dtype", dtypes.default_float)
+    return Tensor(Tensor._rng.standard_normal(Tensor._shape(shape), dtype=np.float32), **kwargs).cast(dtype)
+  @staticmethod
+  def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, **kwargs: Any) -> Tensor: return Tensor.randn(*shape, **kwargs) * std + mean
+  @staticmethod
+  def uniform(*shape: Any, low: float = 0.0, high: float = 1.0, **kwargs: Any) -> Tensor:
+    dtype = kwargs.pop("dtype", dtypes.default_float)
+    return (Tensor.rand(*shape, **kwargs) * (high - low) + low).cast(dtype)
+  @staticmethod
+  def scaled_uniform(*shape: Any, **kwargs: Any) -> Tensor:
+    return Tensor.uniform(*shape, low=-1.0, high=1.0, **kwargs) * (prod(Tensor._shape(shape)) ** -0.5)
+  @staticmethod
+  def glorot_uniform(*shape: Any, **kwargs: Any) -> Tensor:
+    dims = Tensor._shape(shape)
+    return Tensor.uniform(*dims, low=-1.0, high=1.0, **kwargs) * math.sqrt(6 / (dims[0] + prod(dims[1:])))
+  @staticmethod
+  def kaiming_uniform(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
+    dims = Tensor._shape(shape)
+    bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(dims[1:]))
+    return Tensor.uniform(*dims, low=-bound, high=bound, **kwargs)
+  @staticmethod
+  def kaiming_normal(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
+    dims = Tensor._shape(shape)
+    return Tensor.normal(*dims, mean=0.0, std=math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(dims[1:])), **kwargs)
+
+  # ---- autograd ----
+  @classmethod
+  def _apply(cls, function: type[F.Function], *tensors: Tensor, **kwargs: Any) -> Tensor:
+    context = function(tensors[0].device, [t.requires_grad for t in tensors])
+    result = cls(context.forward(*[t.lazydata for t in tensors], **kwargs), device=context.device, requires_grad=context.requires_grad)
+    if context.requires_grad and not Tensor.no_grad:
+      context.parents = tensors  # type: ignore[attr-defined]
+      result._ctx = context
+    return result
+
+  def _topological_order(self) -> list[Tensor]:
+    order: list[Tensor] = []
+    visited: set[int] = set()
+    stack: list[tuple[Tensor, bool]] = [(self, False)]
+    while stack:
+      node, expanded = stack.pop()
+      if expanded:
+        order.append(node)
+        continue
+      if id(node) in visited: continue
+      visited.add(id(node))
+      stack.append((node, True))
+      if node._ctx is not None: stack.extend((parent, False) for parent in node._ctx.parents)  # type: ignore[attr-defined]
+    return order
+
+  def backward(self) -> Tensor:
+    """Accumulate d(self)/d(leaf) into every leaf's .grad; self must be a scalar."""
+    if self.shape != (): raise RuntimeError(f"grad can be implicitly created only for scalar outputs, this tensor has shape {self.shape}")
+    if self._ctx is None: raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
+    self.grad = Tensor(1.0, device=self.device, dtype=self.dtype, requires_grad=False)
+    for node in reversed(self._topological_order()):
+      context = node._ctx
+      if context is None: continue
+      assert node.grad is not None
+      grads = context.backward(node.grad.lazydata)
+      grads = grads if isinstance(grads, tuple) else (grads,)
+      for parent, grad in zip(context.parents, grads):  # type: ignore[attr-defined]
+        if grad is None or not parent.requires_grad: continue
+        assert grad.shape == parent.shape, f"gradient of shape {grad.shape} for a tensor of shape {parent.shape}"
+        parent.grad = Tensor(grad, device=self.device, requires_grad=False) if parent.grad is None else parent.grad + Tensor(grad, device=self.device)
+      node._ctx = None
+    return self
+
+  # ---- dtype ----
+  def cast(self, dtype: DType) -> Tensor: return self if self.dtype == dtype else Tensor._apply(F.Cast, self, dtype=dtype)
+  def bitcast(self, dtype: DType) -> Tensor:
+    if dtype.itemsize != self.dtype.itemsize: raise ValueError(f"bitcast needs dtypes of one size: {self.dtype} is {self.dtype.itemsize} bytes, {dtype} {dtype.itemsize}")
+    return self if self.dtype == dtype else Tensor._apply(F.Cast, self, dtype=dtype, bitcast=True)
+  def float(self) -> Tensor: return self.cast(dtypes.float32)
+  def half(self) -> Tensor: return self.cast(dtypes.float16)
+  def int(self) -> Tensor: return self.cast(dtypes.int32)
+  def bool(self) -> Tensor: return self.cast(dtypes.bool)
+  def contiguous(self) -> Tensor: return Tensor._apply(F.Contiguous, self)
+  def contiguous_backward(self) -> Tensor: return Tensor._apply(F.ContiguousBackward, self)
+
+  # ---- broadcasting binary ops ----
+  def _to_tensor(self, other: Tensor | Scalar, dtype: DType) -> Tensor:
+    if isinstance(other, Tensor): return other.cast(dtype)
+    if not isinstance(other, (int, float, bool)): raise TypeError(f"unsupported operand type {type(other).__name__} for a Tensor op")
+    return Tensor(_cast_scalar(other, dtype), device=self.device, dtype=dtype)
+
+  def _broadcasted(self, other: Tensor | Scalar, reverse: bool = False, dtype: DType | None = None) -> tuple[Tensor, Tensor]:
+    """Both operands cast to their promoted dtype (PyTorch's rules) and expanded to the broadcast shape."""
+    if dtype is None:
+      dtype = least_upper_dtype(self.dtype, other.dtype) if isinstance(other, Tensor) else result_dtype_with_scalar(self.dtype, other)
+    x, y = self.cast(dtype), self._to_tensor(other, dtype)
+    if x.device != y.device: raise RuntimeError(f"Expected all tensors to be on the same device, but found {x.device} and {y.device}")
+    if reverse: x, y = y, x
+    shape = broadcast_shape(x.shape, y.shape)
+    return x._broadcast_to(shape), y._broadcast_to(shape)
+
+  def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
+    if self.shape == shape: return self
+    padded = self.reshape((1,) * (len(shape) - self.ndim) + self.shape) if self.ndim < len(shape) else self
+    return padded.expand(shape)
+
+  def add(self, other: Tensor | Scalar, reverse: bool = False) -> Tensor: return Tensor._apply(F.Add, *self._broadcasted(other, reverse))
+  def sub(self, other: Tensor | Scalar, reverse: bool = False) -> Tensor: return Tensor._apply(F.Sub, *self._broadcasted(other, reverse))
+  def mul(self, other: Tensor | Scalar, reverse: bool = False) -> Tensor: return Tensor._apply(F.Mul, *self._broadcasted(other, reverse))
+  def div(self, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
+    """True division: integer operands give a float result, like torch."""
+    x, y = self._broadcasted(other, reverse)
+    if not dtypes.is_float(x.dtype): x, y = x.cast(dtypes.default_float), y.cast(dtypes.default_float)
+    return Tensor._apply(F.Div, x, y)
+  def floordiv(self, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
+    """Division rounded down, like Python's // (and torch's)."""
+    x, y = self._broadcasted(other, reverse)
+    if dtypes.is_float(x.dtype): return (x / y).floor()
+    quotient = Tensor._apply(F.IntegerDiv, x, y)  # truncates toward zero; step down where the signs differ and it was inexact
+    inexact_negative = ((x < 0) != (y < 0)) & (quotient * y != x)
+    return quotient - inexact_negative.cast(quotient.dtype)
+  def mod(self, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
+    """Remainder with the sign of the divisor, like Python's % (and torch's)."""
+    x, y = self._broadcasted(other, reverse)
+    remainder = Tensor._apply(F.Mod, x, y)
+    fix = (remainder != 0) & ((remainder < 0) != (y < 0))
+    return fix.where(remainder + y, remainder)
+  def maximum(self, other: Tensor | Scalar) -> Tensor: return Tensor._apply(F.Maximum, *self._broadcasted(other))
+  def minimum(self, other: Tensor | Scalar) -> Tensor:
+    x, y = self._broadcasted(other)
+    return -((-x).maximum(-y)) if x.dtype != dtypes.bool else x & y
+  def where(self, x: Tensor | Scalar, y: Tensor | Scalar) -> Tensor:
+    """Elementwise `x if self else y` (self is the condition)."""
+    if isinstance(x, Tensor): x, y = x._broadcasted(y)
+    elif isinstance(y, Tensor): y, x = y._broadcasted(x)
+    else:
+      dtype = dtypes.from_py([x, y])
+      x, y = Tensor(x, device=self.device, dtype=dtype), Tensor(y, device=self.device, dtype=dtype)
+    condition = self.cast(dtypes.bool)
+    shape = broadcast_shape(broadcast_shape(condition.shape, x.shape), y.shape)
+    return Tensor._apply(F.Where, condition._broadcast_to(shape), x._broadcast_to(shape), y._broadcast_to(shape))
+
+  def pow(self, exponent: Tensor | Scalar, reverse: bool = False) -> Tensor:
+    """self ** exponent; a negative base works with integral exponents, like torch."""
+    if not reverse and isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
+      if exponent == 0: return self.ones_like(dtype=result_dtype_with_scalar(self.dtype, exponent))
+      if exponent == 1: return self.cast(result_dtype_with_scalar(self.dtype, exponent))
+      if exponent == 2: return self * self
+      if exponent == 0.5: return self.sqrt()
+      if exponent == -1 and dtypes.is_float(self.dtype): return self.reciprocal()
+    base, power = self._broadcasted(exponent, reverse)
+    out_dtype = base.dtype
+    base, power = base.cast(least_upper_float(out_dtype)), power.cast(least_upper_float(out_dtype))
+    magnitude = (base.abs().log() * power).exp()
+    is_integral = power == power.trunc()
+    is_odd = is_integral & ((power.abs() % 2) == 1)
+    sign = (base < 0).where(is_integral.where(is_odd.where(-1.0, 1.0), math.nan), 1.0)
+    result = (power == 0).where(1.0, magnitude * sign)
+    return result if dtypes.is_float(out_dtype) else result.round_half_even().cast(out_dtype)
+
+  def __neg__(self) -> Tensor: return Tensor._apply(F.Neg, self) if self.dtype != dtypes.bool else self.logical_not()
+  def __add__(self, other: Any) -> Tensor: return self.add(other)
+  def __radd__(self, other: Any) -> Tensor: return self.add(other, True)
+  def __sub__(self, other: Any) -> Tensor: return self.sub(other)
+  def __rsub__(self, other: Any) -> Tensor: return self.sub(other, True)
+  def __mul__(self, other: Any) -> Tensor: return self.mul(other)
+  def __rmul__(self, other: Any) -> Tensor: return self.mul(other, True)
+  def __truediv__(self, other: Any) -> Tensor: return self.div(other)
+  def __rtruediv__(self, other: Any) -> Tensor: return self.div(other, True)
+  def __floordiv__(self, other: Any) -> Tensor: return self.floordiv(other)
+  def __rfloordiv__(self, other: Any) -> Tensor: return self.floordiv(other, True)
+  def __mod__(self, other: Any) -> Tensor: return self.mod(other)
+  def __rmod__(self, other: Any) -> Tensor: return self.mod(other, True)
+  def __pow__(self, other: Any) -> Tensor: return self.pow(other)
+  def __rpow__(self, other: Any) -> Tensor: return self.pow(other, True)
+  def __matmul__(self, other: Tensor) -> Tensor: return self.matmul(other)
+  def __rmatmul__(self, other: Tensor) -> Tensor: return other.matmul(self)
+  def __iadd__(self, other: Any) -> Tensor: return self.assign(self.add(other))
+  def __isub__(self, other: Any) -> Tensor: return self.assign(self.sub(other))
+  def __imul__(self, other: Any) -> Tensor: return self.assign(self.mul(other))
+  def __itruediv__(self, other: Any) -> Tensor: return self.assign(self.div(other))
+  def __imatmul__(self, other: Tensor) -> Tensor: return self.assign(self.matmul(other))
+
+  # ---- comparisons and logic (not differentiable) ----
+  def __lt__(self, other: Any) -> Tensor: return Tensor._apply(F.Less, *self._broadcasted(other))
+  def __gt__(self, other: Any) -> Tensor: return Tensor._apply(F.Less, *self._broadcasted(other, reverse=True))
+  def __le__(self, other: Any) -> Tensor: return (self > other).logical_not()
+  def __ge__(self, other: Any) -> Tensor: return (self < other).logical_not()
+  def __eq__(self, other: Any) -> Tensor: return Tensor._apply(F.Eq, *self._broadcasted(other))  # type: ignore[override]
+  def __ne__(self, other: Any) -> Tensor: return (self == other).logical_not()  # type: ignore[override]
+  def logical_not(self) -> Tensor: return self.cast(dtypes.bool) ^ True
+  def _bitwise(self, other: Any, op: BinaryOps, reverse: bool = False) -> Tensor:
+    x, y = self._broadcasted(other, reverse)
+    if dtypes.is_float(x.dtype): raise TypeError(f"bitwise {op.name.lower()} needs bool or integer tensors, not {x.dtype}")
+    return Tensor._apply(F.BitwiseOp, x, y, op=op)
+  def __and__(self, other: Any) -> Tensor: return self._bitwise(other, BinaryOps.AND)
+  def __or__(self, other: Any) -> Tensor: return self._bitwise(other, BinaryOps.OR)
+  def __xor__(self, other: Any) -> Tensor: return self._bitwise(other, BinaryOps.XOR)
+  def __rand__(self, other: Any) -> Tensor: return self._bitwise(other, BinaryOps.AND, True)
+  def __ror__(self, other: Any) -> Tensor: return self._bitwise(other, BinaryOps.OR, True)
+  def __rxor__(self, other: Any) -> Tensor: return self._bitwise(other, BinaryOps.XOR, True)
+
+  # ---- unary math ----
+  def _floating(self) -> Tensor: return self.cast(least_upper_float(self.dtype))
+  def neg(self) -> Tensor: return -self
+  def log(self) -> Tensor: return Tensor._apply(F.Log, self._floating())
+  def log2(self) -> Tensor: return self.log() / math.log(2)
+  def exp(self) -> Tensor: return Tensor._apply(F.Exp, self._floating())
+  def exp2(self) -> Tensor: return (self._floating() * math.log(2)).exp()
+  def sqrt(self) -> Tensor: return Tensor._apply(F.Sqrt, self._floating())
+  def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()
+  def sin(self) -> Tensor: return Tensor._apply(F.Sin, self._floating())
+  def cos(self) -> Tensor: return ((math.pi / 2) - self._floating()).sin()
+  def tan(self) -> Tensor: return self.sin() / self.cos()
+  def reciprocal(self) -> Tensor: return Tensor._apply(F.Reciprocal, self._floating())
+  def square(self) -> Tensor: return self * self
+  def abs(self) -> Tensor: return self.relu() + (-self).relu() if self.dtype != dtypes.bool else self
+  def sign(self) -> Tensor: return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
+  def relu(self) -> Tensor: return Tensor._apply(F.Relu, self) if self.dtype != dtypes.bool else self
+  def sigmoid(self) -> Tensor: return Tensor._apply(F.Sigmoid, self._floating())
+  def trunc(self) -> Tensor:
+    """Round toward zero. Values beyond 2**31 are already integers, so they pass through unchanged."""
+    if not dtypes.is_float(self.dtype): return self
+    return (self.abs() < 2.0 ** 31).where(self.cast(dtypes.int32).cast(self.dtype), self)
+  def floor(self) -> Tensor:
+    truncated = self.trunc()
+    return (truncated > self).where(truncated - 1, truncated)
+  def ceil(self) -> Tensor:
+    truncated = self.trunc()
+    return (truncated < self).where(truncated + 1, truncated)
+  def round_half_even(self) -> Tensor:
+    """Round to the nearest integer, ties to even (torch.round)."""
+    floor = self.floor()
+    diff = self - floor
+    floor_is_even = (floor % 2) == 0
+    return (diff > 0.5).where(floor + 1, (diff < 0.5).where(floor, floor_is_even.where(floor, floor + 1)))
+  def clip(self, min_: Scalar | None = None, max_: Scalar | None = None) -> Tensor:
+    """Clamp values to [min_, max_]."""
+    if min_ is None and max_ is None: raise ValueError("clip needs at least one of min_ and max_")
+    out = self.maximum(min_) if min_ is not None else self
+    return out.minimum(max_) if max_ is not None else out
+
+  # ---- reductions ----
+  def _reduce(self, function: type[F.Function], axis: int | Sequence[int] | None, keepdim: bool) -> Tensor:
+    axes = tuple(range(self.ndim)) if axis is None else tuple(normalize_axis(a, self.ndim) for a in argfix(axis))
+    if self.ndim == 0: return self
+    reduced = Tensor._apply(function, self, axis=axes)
+    return reduced if keepdim else reduced.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+  def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    """Sum over axis; bools and small ints sum in int32, float16 in float32 (stored back as float16)."""
+    source = self
+    if self.dtype == dtypes.bool or (dtypes.is_int(self.dtype) and self.dtype.itemsize < 4):
+      source = self.cast(dtypes.uint32 if dtypes.is_unsigned(self.dtype) else dtypes.int32)
+    elif self.dtype in (dtypes.float16, dtypes.bfloat16): return self.float().sum(axis, keepdim).cast(self.dtype)
+    return source._reduce(F.Sum, axis, keepdim)
+  def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    if self.dtype == dtypes.bool: return self.cast(dtypes.uint8).max(axis, keepdim).cast(dtypes.bool)
+    return self._reduce(F.Max, axis, keepdim)
+  def min(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    if self.dtype == dtypes.bool: return self.logical_not().max(axis, keepdim).logical_not()
+    if dtypes.is_unsigned(self.dtype): return dtypes.max(self.dtype) - (dtypes.max(self.dtype) - self).max(axis, keepdim)
+    return -((-self).max(axis, keepdim))
+  def mean(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    total = self._floating().sum(axis, keepdim)
+    count = prod(self.shape) // max(prod(total.shape), 1) if self.numel() else 0
+    return total / count if count else total * math.nan
+  def var(self, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: int = 1) -> Tensor:
+    x = self._floating()
+    squares = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
+    count = prod(x.shape) // max(prod(squares.shape), 1)
+    return squares / max(count - correction, 0) if count - correction > 0 else squares * math.nan
+  def std(self, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: int = 1) -> Tensor:
+    return self.var(axis, keepdim, correction).sqrt()
+  def softmax(self, axis: int = -1) -> Tensor:
+    x = self._floating()
+    shifted = (x - x.max(axis, keepdim=True)).exp()
+    return shifted / shifted.sum(axis, keepdim=True)
+  def log_softmax(self, axis: int = -1) -> Tensor:
+    x = self._floating()
+    shifted = x - x.max(axis, keepdim=True)
+    return shifted - shifted.exp().sum(axis, keepdim=True).log()
+  def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
+    """Index of the first maximum along axis (of the flattened tensor when axis is None)."""
+    if axis is None:
+      flat = self.flatten()
+      return flat.argmax(0).reshape((1,) * self.ndim if keepdim else ())
+    axis = normalize_axis(axis, self.ndim)
+    size = self.shape[axis]
+    is_max = self == self.max(axis, keepdim=True)
+    descending = Tensor.arange(size, 0, -1, device=self.device).reshape((size,) + (1,) * (self.ndim - axis - 1))
+    first = (is_max * descending).max(axis, keepdim)
+    return (size - first).cast(dtypes.int32)
+  def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
+    return (-self if self.dtype != dtypes.bool else self.logical_not()).argmax(axis, keepdim)
+  def cumsum(self, axis: int = 0) -> Tensor:
+    """Running sum along axis."""
+    axis = normalize_axis(axis, self.ndim) if self.ndim else 0
+    if self.ndim == 0: return self
+    size = self.shape[axis]
+    moved = self.transpose(axis, -1)
+    windows = moved.pad2d((size - 1, 0))._pool((size,))
+    return windows.sum(-1).transpose(axis, -1)
+
+def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+  """NumPy/PyTorch broadcasting of two shapes; names both when they do not broadcast."""
+  ndim = max(len(a), len(b))
+  left, right = (1,) * (ndim - len(a)) + a, (1,) * (ndim - len(b)) + b
+  for axis, (x, y) in enumerate(zip(left, right)):
+    if x != y and x != 1 and y != 1:
+      raise RuntimeError(f"The size of tensor a ({x}) must match the size of tensor b ({y}) at non-singleton dimension {axis}: shapes {a} and {b}")
+  return tuple(y if x == 1 else x for x, y in zip(left, right))
+
+def _cast_scalar(value: Scalar, dtype: DType) -> Scalar:
+  if dtype == dtypes.bool: return bool(value)
+  if dtypes.is_float(dtype): return float(value)
+  return int(value)

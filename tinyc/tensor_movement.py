@@ -1,0 +1,219 @@
+"""Layer 6: Tensor movement and indexing (a mixin of Tensor). Every op here is a view: no kernel, no copy.
+Imports helpers, dtype, function.
+"""
+from __future__ import annotations
+import math
+from typing import Any, Sequence
+from tinyc.dtype import dtypes
+from tinyc.helpers import argfix, flatten, prod
+from tinyc import function as F
+
+def normalize_axis(axis: int, ndim: int) -> int:
+  """A dim in [-ndim, ndim) as a non-negative dim, or PyTorch's IndexError."""
+  low, high = (-ndim, ndim - 1) if ndim else (-1, 0)
+  if not isinstance(axis, int) or not low <= axis <= high:
+    raise IndexError(f"Dimension out of range (expected to be in range of [{low}, {high}], but got {axis})")
+  return axis % ndim if ndim else 0
+
+class MovementMixin:
+  shape: tuple[int, ...]
+  ndim: int
+  def _apply(self, *args: Any, **kwargs: Any) -> Any: raise NotImplementedError  # provided by Tensor
+
+  def reshape(self, *shape: Any) -> Any:
+    """The same elements in a new shape; one dim may be -1."""
+    dims = argfix(*shape)
+    if not all(isinstance(d, int) for d in dims): raise TypeError(f"reshape needs ints, got {dims}")
+    if dims.count(-1) > 1: raise RuntimeError(f"only one dimension can be inferred, got shape {dims}")
+    if -1 in dims:
+      known = prod(d for d in dims if d != -1)
+      if known == 0 or prod(self.shape) % known: raise RuntimeError(f"shape {dims} is invalid for input of size {prod(self.shape)}")
+      dims = tuple(prod(self.shape) // known if d == -1 else d for d in dims)
+    if any(d < 0 for d in dims) or prod(dims) != prod(self.shape):
+      raise RuntimeError(f"shape {dims} is invalid for input of size {prod(self.shape)} (input shape {self.shape})")
+    return self if dims == self.shape else type(self)._apply(F.Reshape, self, shape=dims)
+
+  def expand(self, *shape: Any) -> Any:
+    """Broadcast size-1 dims to `shape` (-1 keeps a dim); new leading dims are allowed."""
+    dims = argfix(*shape)
+    if len(dims) < self.ndim: raise RuntimeError(f"expand: the shape {dims} has fewer dims than the tensor's {self.shape}")
+    current = (1,) * (len(dims) - self.ndim) + self.shape
+    target = tuple(c if d == -1 else d for c, d in zip(current, dims))
+    for c, d in zip(current, target):
+      if c != d and c != 1: raise RuntimeError(f"The expanded size of the tensor ({d}) must match the existing size ({c}): {self.shape} -> {dims}")
+    base = self.reshape(current) if current != self.shape else self
+    return base if target == current else type(self)._apply(F.Expand, base, shape=target)
+
+  def permute(self, *order: Any) -> Any:
+    """Reorder the dims."""
+    axes = tuple(normalize_axis(a, self.ndim) for a in argfix(*order))
+    if sorted(axes) != list(range(self.ndim)): raise RuntimeError(f"permute: {argfix(*order)} is not a permutation of the dims of {self.shape}")
+    return type(self)._apply(F.Permute, self, order=axes)
+
+  def flip(self, axis: int | Sequence[int]) -> Any:
+    """Reverse the order of elements along axis."""
+    axes = tuple(normalize_axis(a, self.ndim) for a in argfix(axis))
+    return type(self)._apply(F.Flip, self, axis=axes)
+
+  def shrink(self, bounds: Sequence[tuple[int, int] | None]) -> Any:
+    """Keep [begin, end) in each dim (None keeps the whole dim)."""
+    if len(bounds) != self.ndim: raise ValueError(f"shrink needs one (begin, end) per dim of {self.shape}, got {bounds}")
+    full = tuple(b if b is not None else (0, s) for b, s in zip(bounds, self.shape))
+    if any(not 0 <= b <= e <= s for (b, e), s in zip(full, self.shape)): raise ValueError(f"shrink bounds {full} do not fit shape {self.shape}")
+    return self if all(b == (0, s) for b, s in zip(full, self.shape)) else type(self)._apply(F.Shrink, self, bounds=full)
+
+  def pad(self, padding: Sequence[tuple[int, int] | None], value: float = 0.0) -> Any:
+    """Add (before, after) elements of `value` around each dim."""
+    if len(padding) != self.ndim: raise ValueError(f"pad needs one (before, after) per dim of {self.shape}, got {padding}")
+    full = tuple(p if p is not None else (0, 0) for p in padding)
+    if any(b < 0 or a < 0 for b, a in full): raise ValueError(f"pad amounts must be non-negative, got {full}; use shrink to cut")
+    if all(p == (0, 0) for p in full): return self
+    padded = type(self)._apply(F.Pad, self, padding=full)
+    if value == 0: return padded
+    mask = type(self)._apply(F.Pad, type(self).ones(*self.shape, device=self.device, dtype=self.dtype), padding=full)  # type: ignore[attr-defined]
+    return mask.cast(dtypes.bool).where(padded, value)
+
+  def _slice(self, ranges: Sequence[tuple[int, int]], value: float = 0.0) -> Any:
+    """Take [begin, end) per dim, where begin < 0 or end > size pads with `value`."""
+    padding = tuple((max(0, -b), max(0, e - s)) for (b, e), s in zip(ranges, self.shape))
+    padded = self.pad(padding, value)
+    return padded.shrink(tuple((b + p[0], e + p[0]) for (b, e), p in zip(ranges, padding)))
+
+  def pad2d(self, padding: Sequence[int], value: float = 0.0) -> Any:
+    """Pad the last dims, torch.nn.functional.pad order: (left, right, top, bottom, ...); negative values crop."""
+    pairs = list(zip(padding[::2], padding[1::2]))[::-1]
+    ranges = [(0, s) for s in self.shape[:self.ndim - len(pairs)]] + [(-b, s + a) for (b, a), s in zip(pairs, self.shape[self.ndim - len(pairs):])]
+    return self._slice(ranges, value)
+
+  def transpose(self, dim0: int = 1, dim1: int = 0) -> Any:
+    order = list(range(self.ndim))
+    a, b = normalize_axis(dim0, self.ndim), normalize_axis(dim1, self.ndim)
+    order[a], order[b] = order[b], order[a]
+    return self.permute(order)
+  @property
+  def T(self) -> Any: return self.transpose()
+  def flatten(self, start_dim: int = 0) -> Any:
+    if self.ndim == 0: return self.reshape(1)
+    start = normalize_axis(start_dim, self.ndim)
+    return self.reshape(self.shape[:start] + (prod(self.shape[start:]),))
+  def squeeze(self, dim: int | None = None) -> Any:
+    if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
+    axis = normalize_axis(dim, self.ndim)
+    return self if self.ndim == 0 or self.shape[axis] != 1 else self.reshape(self.shape[:axis] + self.shape[axis + 1:])
+  def unsqueeze(self, dim: int) -> Any:
+    axis = normalize_axis(dim, self.ndim + 1)
+    return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
+
+  def cat(self, *others: Any, dim: int = 0) -> Any:
+    """Join tensors along an existing dim; all other dims must match."""
+    axis = normalize_axis(dim, self.ndim)
+    tensors = (self,) + others
+    for other in others:
+      if other.ndim != self.ndim or any(a != b for i, (a, b) in enumerate(zip(self.shape, other.shape)) if i != axis):
+        raise RuntimeError(f"Sizes of tensors must match except in dimension {axis}: cat of {self.shape} and {other.shape}")
+    offsets = [0]
+    for t in tensors: offsets.append(offsets[-1] + t.shape[axis])
+    total = offsets[-1]
+    parts = [t.pad(tuple((offsets[i], total - offsets[i + 1]) if d == axis else (0, 0) for d in range(self.ndim))) for i, t in enumerate(tensors)]
+    result = parts[0]
+    for part in parts[1:]: result = result + part
+    return result
+  @staticmethod
+  def stack(tensors: Sequence[Any], dim: int = 0) -> Any:
+    """Join same-shaped tensors along a new dim."""
+    if not tensors: raise RuntimeError("stack expects a non-empty sequence of tensors")
+    axis = normalize_axis(dim, tensors[0].ndim + 1)
+    for t in tensors[1:]:
+      if t.shape != tensors[0].shape: raise RuntimeError(f"stack expects each tensor to be equal size, but got {tensors[0].shape} and {t.shape}")
+    expanded = [t.unsqueeze(axis) for t in tensors]
+    return expanded[0].cat(*expanded[1:], dim=axis)
+  def repeat(self, repeats: Sequence[int]) -> Any:
+    """Tile the tensor `repeats[i]` times along dim i (like torch.Tensor.repeat)."""
+    repeats = argfix(repeats)
+    if len(repeats) < self.ndim:
+      raise RuntimeError(f"Number of dimensions of repeat dims {tuple(repeats)} can not be smaller than number of dimensions of tensor {self.shape}")
+    base = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
+    spread = base.reshape(flatten((1, s) for s in base.shape)).expand(flatten((r, s) for r, s in zip(repeats, base.shape)))
+    return spread.reshape(tuple(r * s for r, s in zip(repeats, base.shape)))
+  def chunk(self, chunks: int, dim: int = 0) -> list[Any]:
+    axis = normalize_axis(dim, self.ndim)
+    if chunks <= 0: raise ValueError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
+    step = math.ceil(self.shape[axis] / chunks) if self.shape[axis] else 1
+    bounds = [(start, min(start + step, self.shape[axis])) for start in range(0, self.shape[axis], step)] or [(0, 0)]
+    return [self.shrink(tuple(b if d == axis else None for d in range(self.ndim))) for b in bounds]
+
+  def _pool(self, kernel: Sequence[int], stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1) -> Any:
+    """Sliding windows over the last len(kernel) dims: shape (..., *output_dims, *kernel) with no data copied."""
+    k_ = tuple(kernel)
+    s_, d_ = _pair(stride, len(k_)), _pair(dilation, len(k_))
+    batch, in_ = self.shape[:-len(k_)], self.shape[-len(k_):]
+    keep = [(0, s) for s in batch]
+    nb = len(batch)
+    out_ = [(i - d * (k - 1) - 1) // s + 1 for i, d, k, s in zip(in_, d_, k_, s_)]
+    if any(o <= 0 for o in out_): raise RuntimeError(f"pooling window {k_} (dilation {d_}) is larger than the input {in_}")
+    if any(k > s for k, s in zip(k_, s_)) or any(d != 1 for d in d_):
+      # repeat the input so that windows become a reshape of it: e copies cover k windows of i + d
+      e_ = [math.ceil(k * (i + d) / i) for k, i, d in zip(k_, in_, d_)]
+      x = self.reshape(*batch, *flatten((1, i) for i in in_)).expand(*batch, *flatten((e, i) for e, i in zip(e_, in_)))
+      x = x.reshape(*batch, *[e * i for e, i in zip(e_, in_)])
+      x = x._slice(keep + [(0, k * (i + d)) for k, i, d in zip(k_, in_, d_)]).reshape(*batch, *flatten((k, i + d) for k, i, d in zip(k_, in_, d_)))
+      x = x._slice(keep + flatten(((0, k), (0, o * s)) for k, o, s in zip(k_, out_, s_)))
+      x = x.reshape(*batch, *flatten((k, o, s) for k, o, s in zip(k_, out_, s_)))
+      x = x._slice(keep + flatten(((0, k), (0, o), (0, 1)) for k, o in zip(k_, out_))).reshape(*batch, *flatten((k, o) for k, o in zip(k_, out_)))
+      return x.permute(*range(nb), *[nb + i * 2 + 1 for i in range(len(k_))], *[nb + i * 2 for i in range(len(k_))])
+    out_ = [(i + (s - k)) // s for i, s, k in zip(in_, s_, k_)]
+    x = self._slice(keep + [(0, o * s) for o, s in zip(out_, s_)]).reshape(*batch, *flatten((o, s) for o, s in zip(out_, s_)))
+    x = x._slice(keep + flatten(((0, o), (0, k)) for o, k in zip(out_, k_)))
+    return x.permute(*range(nb), *[nb + i * 2 for i in range(len(k_))], *[nb + i * 2 + 1 for i in range(len(k_))])
+
+  def __getitem__(self, indices: Any) -> Any:
+    """Basic indexing: ints, slices with any step, None, Ellipsis, and tuples of them."""
+    items = list(indices) if isinstance(indices, tuple) else [indices]
+    for item in items:
+      if not (item is None or item is Ellipsis or isinstance(item, (int, slice))) or isinstance(item, bool):
+        raise IndexError(f"only integers, slices (`:`), ellipsis (`...`) and None are valid indices, got {type(item).__name__}")
+    if items.count(Ellipsis) > 1: raise IndexError("an index can only have a single ellipsis ('...')")
+    real = [item for item in items if item is not None and item is not Ellipsis]
+    if len(real) > self.ndim: raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
+    fill = [slice(None)] * (self.ndim - len(real))
+    items = (items[:items.index(Ellipsis)] + fill + items[items.index(Ellipsis) + 1:]) if Ellipsis in items else items + fill
+    bounds, steps, out_shape, dim = [], [], [], 0
+    for item in items:
+      if item is None:
+        out_shape.append(1)
+        continue
+      size = self.shape[dim]
+      if isinstance(item, int):
+        if not -size <= item < size: raise IndexError(f"index {item} is out of bounds for dimension {dim} with size {size}")
+        start = item % size
+        bounds.append((start, start + 1))
+        steps.append(1)
+      else:
+        start, stop, step = item.indices(size)
+        count = len(range(start, stop, step))
+        if count == 0: bounds.append((0, 0))
+        elif step > 0: bounds.append((start, start + (count - 1) * step + 1))
+        else: bounds.append((start + (count - 1) * step, start + 1))
+        steps.append(step if count > 1 else 1)
+        out_shape.append(count)
+      dim += 1
+    x = self.shrink(tuple(bounds))
+    if any(s != 1 for s in steps):
+      if any(s < 0 for s in steps): x = x.flip(tuple(i for i, s in enumerate(steps) if s < 0))
+      x = x._stride(tuple(abs(s) for s in steps))
+    return x.reshape(tuple(out_shape))
+
+  def _stride(self, steps: tuple[int, ...]) -> Any:
+    """Every steps[i]-th element along dim i (positive steps), as a reshape + shrink so it stays differentiable."""
+    x = self
+    for axis, step in enumerate(steps):
+      if step == 1: continue
+      size = x.shape[axis]
+      count = (size + step - 1) // step
+      x = x._slice([(0, s) if i != axis else (0, count * step) for i, s in enumerate(x.shape)])
+      x = x.reshape(x.shape[:axis] + (count, step) + x.shape[axis + 1:])
+      x = x.shrink(tuple((0, s) if i != axis + 1 else (0, 1) for i, s in enumerate(x.shape))).reshape(x.shape[:axis] + (count,) + x.shape[axis + 2:])
+    return x
+
+def _pair(value: int | Sequence[int], count: int) -> tuple[int, ...]:
+  return (value,) * count if isinstance(value, int) else tuple(value)

@@ -1,0 +1,88 @@
+"""Layer 6: Tensor ops for neural networks (a mixin of Tensor): matmul, convolution, pooling, activations. All are
+compositions of primitive ops, so they fuse and differentiate for free. Imports helpers, dtype.
+"""
+from __future__ import annotations
+from typing import Any, Callable, Sequence
+from tinyc.dtype import least_upper_dtype
+
+def _pair(value: int | Sequence[int], count: int = 2) -> tuple[int, ...]:
+  return (value,) * count if isinstance(value, int) else tuple(value)
+
+class NNMixin:
+  shape: tuple[int, ...]
+  ndim: int
+  dtype: Any
+
+  def dot(self, w: Any) -> Any:
+    """Matrix product with PyTorch's rules for 1-D operands and batch broadcasting."""
+    x: Any = self
+    if x.ndim == 0 or w.ndim == 0: raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are {x.ndim}D and {w.ndim}D")
+    x_vec, w_vec = x.ndim == 1, w.ndim == 1
+    if x_vec: x = x.reshape(1, x.shape[0])
+    if w_vec: w = w.reshape(w.shape[0], 1)
+    if x.shape[-1] != w.shape[-2]:
+      raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, self.shape))} and {'x'.join(map(str, w.shape))})")
+    dtype = least_upper_dtype(x.dtype, w.dtype)
+    x, w = x.cast(dtype), w.cast(dtype)
+    # (..., n, 1, k) * (..., 1, m, k) summed over k: the multiply fuses into the reduce, one kernel
+    product = x.reshape(*x.shape[:-1], 1, x.shape[-1]) * w.transpose(-1, -2).reshape(*w.shape[:-2], 1, w.shape[-1], w.shape[-2])
+    result = product.sum(-1)
+    if w_vec: result = result.reshape(result.shape[:-1])
+    if x_vec: result = result.reshape(result.shape[:-2] + result.shape[-1:]) if not w_vec else result.reshape(result.shape[:-1])
+    return result
+  def matmul(self, w: Any) -> Any: return self.dot(w)
+
+  def linear(self, weight: Any, bias: Any | None = None) -> Any:
+    """x @ weight (+ bias); weight is (in, out) as in tinygrad, or 1-D for a per-feature scale."""
+    out = self * weight if weight.ndim == 1 else self.dot(weight)
+    return out + bias if bias is not None else out
+  def sequential(self, layers: Sequence[Callable[[Any], Any]]) -> Any:
+    out: Any = self
+    for layer in layers: out = layer(out)
+    return out
+
+  def conv2d(self, weight: Any, bias: Any | None = None, groups: int = 1, stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
+             padding: int | Sequence[int] = 0) -> Any:
+    """Cross-correlation like torch.nn.functional.conv2d (any number of spatial dims), built from pooling views."""
+    x: Any = self
+    (batch, cin_total), (cout, cin), kernel = x.shape[:2], weight.shape[:2], weight.shape[2:]
+    if x.ndim != weight.ndim or groups * cin != cin_total or cout % groups:
+      raise RuntimeError(f"conv2d: input {x.shape} and weight {weight.shape} do not fit (groups={groups}): "
+                         f"weight needs shape (out, in/groups, *kernel) with in = {cin_total}")
+    if isinstance(padding, int): pads = [padding] * (2 * len(kernel))
+    elif len(padding) == 2 * len(kernel): pads = list(padding)
+    else: pads = [p for p in padding[::-1] for _ in range(2)]
+    windows = x.pad2d(pads)._pool(kernel, stride, dilation)  # (batch, cin_total, *out, *kernel)
+    out_dims, per_group = windows.shape[2:-len(kernel)], cout // groups
+    nd = len(out_dims)
+    windows = windows.reshape(batch, groups, cin, 1, *out_dims, *kernel).expand(batch, groups, cin, per_group, *out_dims, *kernel)
+    windows = windows.permute(0, 1, 3, *[4 + i for i in range(nd)], 2, *[4 + nd + i for i in range(len(kernel))])
+    product = windows * weight.reshape(1, groups, per_group, *[1] * nd, cin, *kernel)
+    result = product.sum(tuple(-1 - i for i in range(1 + len(kernel))), keepdim=True).reshape(batch, cout, *out_dims)
+    return result if bias is None else result + bias.reshape(1, -1, *[1] * nd)
+
+  def max_pool2d(self, kernel_size: int | Sequence[int] = (2, 2), stride: int | Sequence[int] | None = None, dilation: int | Sequence[int] = 1) -> Any:
+    kernel = _pair(kernel_size)
+    return self._pool(kernel, stride if stride is not None else kernel, dilation).max(tuple(range(-len(kernel), 0)))  # type: ignore[attr-defined]
+  def avg_pool2d(self, kernel_size: int | Sequence[int] = (2, 2), stride: int | Sequence[int] | None = None, dilation: int | Sequence[int] = 1) -> Any:
+    kernel = _pair(kernel_size)
+    return self._pool(kernel, stride if stride is not None else kernel, dilation).mean(tuple(range(-len(kernel), 0)))  # type: ignore[attr-defined]
+
+  # ---- activations ----
+  def tanh(self) -> Any: return 2.0 * ((2.0 * self).sigmoid()) - 1.0  # type: ignore[operator]
+  def elu(self, alpha: float = 1.0) -> Any: return self.relu() - alpha * (1 - self.exp()).relu()  # type: ignore[attr-defined,operator]
+  def celu(self, alpha: float = 1.0) -> Any: return self.maximum(0) + (alpha * ((self / alpha).exp() - 1)).minimum(0)  # type: ignore
+  def swish(self) -> Any: return self * self.sigmoid()  # type: ignore[attr-defined,operator]
+  def silu(self) -> Any: return self.swish()
+  def relu6(self) -> Any: return self.relu() - (self - 6).relu()  # type: ignore[attr-defined,operator]
+  def hardswish(self) -> Any: return self * (self + 3).relu6() * (1 / 6)  # type: ignore[operator]
+  def hardtanh(self, min_val: float = -1, max_val: float = 1) -> Any: return self.clip(min_val, max_val)  # type: ignore[attr-defined]
+  def gelu(self) -> Any: return 0.5 * self * (1 + (self * 0.7978845608 * (1 + 0.044715 * self * self)).tanh())  # type: ignore
+  def quick_gelu(self) -> Any: return self * (self * 1.702).sigmoid()  # type: ignore[operator]
+  def leakyrelu(self, neg_slope: float = 0.01) -> Any: return self.relu() - (-neg_slope * self).relu()  # type: ignore[attr-defined,operator]
+  def mish(self) -> Any: return self * self.softplus().tanh()  # type: ignore[operator]
+  def softplus(self, beta: float = 1) -> Any:
+    """log(1 + exp(beta x)) / beta, computed without overflow for large inputs."""
+    scaled = self * beta  # type: ignore[operator]
+    return (scaled.relu() + (-scaled.abs()).exp().add(1).log()) * (1 / beta)
+  def softsign(self) -> Any: return self / (1 + self.abs())  # type: ignore[attr-defined,operator]
