@@ -54,10 +54,13 @@ class Scheduler:
     """Append the kernel (or load op) that computes `base`, after those of the inputs it needs."""
     if base in self.scheduled or base.realized is not None: return
     self.scheduled.add(base)
-    if prod(base.shape) == 0 or base.op in (LoadOps.EMPTY, LoadOps.COPY):
+    if prod(base.shape) == 0:  # nothing to compute, and nothing it reads is needed
+      self.items.append(ScheduleItem(LazyOp(LoadOps.EMPTY), base, ()))
+      return
+    if base.op in (LoadOps.EMPTY, LoadOps.COPY):
       srcs = tuple(src.base for src in base.srcs)
       for src in srcs: self.schedule(src)
-      self.items.append(ScheduleItem(LazyOp(LoadOps.EMPTY if prod(base.shape) == 0 else base.op), base, srcs))
+      self.items.append(ScheduleItem(LazyOp(base.op), base, srcs))
       return
     kernel = KernelBuilder(self, base)
     self.items.append(ScheduleItem(kernel.ast, base, tuple(kernel.inputs)))

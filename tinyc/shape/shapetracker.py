@@ -9,6 +9,7 @@ from tinyc.helpers import prod
 from tinyc.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable
 from tinyc.shape.view import View, strides_for_shape
 
+@functools.lru_cache(maxsize=None)
 def index_variables(shape: tuple[int, ...]) -> tuple[Node, ...]:
   """Variables idx0, idx1, ... over `shape` (a size-1 dim gives NumNode(0))."""
   return tuple(Variable(f"idx{axis}", 0, size - 1) if size > 0 else NumNode(0) for axis, size in enumerate(shape))

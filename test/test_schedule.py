@@ -1,0 +1,128 @@
+"""Each fusion rule of schedule.py, held by counting the kernels a realize runs (and checking the values)."""
+import numpy as np
+import pytest
+from tinyc import Tensor, GlobalCounters
+from tinyc.helpers import Context
+from tinyc.codegen.kernel import Kernel
+from tinyc.codegen.linearizer import Linearizer
+from tinyc.codegen.uops import UOps
+from tinyc.ops import BinaryOps
+from tinyc.schedule import create_schedule
+
+def realized_inputs(*shapes, seed=0):
+  rng = np.random.default_rng(seed)
+  arrays = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+  return arrays, [Tensor(a).realize() for a in arrays]
+
+def kernels_for(*tensors):
+  GlobalCounters.reset()
+  Tensor.corealize(tensors)
+  return GlobalCounters.kernel_count
+
+@pytest.mark.parametrize("length", [1, 2, 10, 50])
+def test_elementwise_chain_is_one_kernel(length):
+  (a, b), (ta, tb) = realized_inputs((8, 16), (8, 16))
+  out, expected = ta, a
+  for step in range(length):
+    out, expected = (out * tb + step, expected * b + step) if step % 2 else ((out - tb).relu(), np.maximum(expected - b, 0))
+  assert kernels_for(out) == 1
+  np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4)
+
+@pytest.mark.parametrize("axis", [0, 1, (0, 1)])
+def test_multiply_then_sum_is_one_kernel(axis):
+  (a, b), (ta, tb) = realized_inputs((16, 32), (16, 32))
+  out = (ta * tb).sum(axis)
+  assert kernels_for(out) == 1
+  np.testing.assert_allclose(out.numpy(), (a * b).sum(axis), rtol=1e-4, atol=1e-4)
+
+def test_relu_of_matmul_plus_bias_is_one_kernel():
+  (x, w, b), (tx, tw, tb) = realized_inputs((4, 8), (8, 5), (5,))
+  out = (tx @ tw + tb).relu()
+  assert kernels_for(out) == 1
+  np.testing.assert_allclose(out.numpy(), np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
+
+def test_movement_ops_make_no_kernel():
+  (a,), (ta,) = realized_inputs((4, 6))
+  view = ta.reshape(6, 4).permute(1, 0)[::-1, 1:].pad(((1, 1), (0, 2))).expand(2, 6, 7)[1]
+  assert kernels_for(view) == 0, "realizing a view of a realized buffer runs nothing"
+  out = view * 2
+  assert kernels_for(out) == 1
+  expected = np.pad(a.reshape(6, 4).T[::-1, 1:], ((1, 1), (0, 2))) * 2
+  np.testing.assert_allclose(out.numpy(), expected)
+
+def test_shared_subexpression_computed_once_inside_a_kernel():
+  (a, b), (ta, tb) = realized_inputs((8, 8), (8, 8))
+  shared = ta * tb
+  out = shared + shared.exp() * shared
+  (item,) = create_schedule([out.lazydata])
+  uops = Linearizer(Kernel(item.ast)).linearize()
+  assert sum(1 for u in uops if u.op is UOps.ALU and u.arg is BinaryOps.MUL and {s.op for s in u.src} == {UOps.LOAD}) == 1
+  np.testing.assert_allclose(out.numpy(), a * b + np.exp(a * b) * a * b, rtol=1e-5)
+
+def test_elementwise_value_read_by_two_kernels_is_recomputed():
+  (a, b), (ta, tb) = realized_inputs((8, 8), (8, 8))
+  shared = ta * tb + 1
+  total, largest = shared.sum(), shared.max()
+  assert kernels_for(total, largest) == 2  # rule 2: no third kernel materializes `shared`
+  np.testing.assert_allclose([total.item(), largest.item()], [(a * b + 1).sum(), (a * b + 1).max()], rtol=1e-5)
+
+def test_reduce_read_by_two_kernels_is_materialized_once():
+  (a,), (ta,) = realized_inputs((8, 8))
+  row_sums = ta.sum(1)
+  first, second = row_sums + 1, row_sums * 2
+  assert kernels_for(first, second) == 3  # rule 3: the reduce runs once, its two readers read it
+  np.testing.assert_allclose(first.numpy(), a.sum(1) + 1, rtol=1e-5)
+  np.testing.assert_allclose(second.numpy(), a.sum(1) * 2, rtol=1e-5)
+
+def test_reduce_read_through_expand_is_materialized():
+  (a,), (ta,) = realized_inputs((8, 16))
+  out = ta.softmax(-1)  # max -> exp(x - max) summed -> divide: the max and the sum are each read through an expand
+  assert kernels_for(out) == 3
+  expected = np.exp(a - a.max(-1, keepdims=True))
+  np.testing.assert_allclose(out.numpy(), expected / expected.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+def test_reduce_of_a_reduce_is_two_kernels():
+  (a,), (ta,) = realized_inputs((8, 16))
+  out = ta.sum(1).sum(0)
+  assert kernels_for(out) == 2
+  np.testing.assert_allclose(out.numpy(), a.sum(), rtol=1e-5)
+
+def test_two_reduces_in_one_expression():
+  (a, b), (ta, tb) = realized_inputs((8, 16), (8, 16))
+  out = ta.sum(1) + tb.max(1)
+  assert kernels_for(out) == 2  # one reduce fuses into the final kernel's store, the other is materialized
+  np.testing.assert_allclose(out.numpy(), a.sum(1) + b.max(1), rtol=1e-5)
+
+def test_pad_of_an_unsafe_op_is_materialized_first():
+  (a,), (ta,) = realized_inputs((4, 4))
+  out = ta.exp().pad(((1, 1), (2, 0))) + 1  # exp(0) != 0: the padded area must come out as 0 + 1, not exp(0) + 1
+  assert kernels_for(out) == 2
+  np.testing.assert_allclose(out.numpy(), np.pad(np.exp(a), ((1, 1), (2, 0))) + 1, rtol=1e-6)
+
+def test_pad_of_a_safe_op_fuses():
+  (a, b), (ta, tb) = realized_inputs((4, 4), (4, 4))
+  out = (ta * tb + ta).pad(((1, 1), (2, 0))) - 3
+  assert kernels_for(out) == 1
+  np.testing.assert_allclose(out.numpy(), np.pad(a * b + a, ((1, 1), (2, 0))) - 3, rtol=1e-6)
+
+def test_constants_need_no_memory_but_realize_to_one_kernel():
+  out = Tensor.full((3, 4), 2.5)
+  assert kernels_for(out) == 1
+  np.testing.assert_equal(out.numpy(), np.full((3, 4), 2.5, np.float32))
+
+def test_zero_size_tensors_run_no_kernel():
+  out = Tensor.ones(0, 3) * 2
+  assert kernels_for(out) == 0
+  assert out.numpy().shape == (0, 3)
+
+def test_a_realized_value_is_not_recomputed():
+  (a,), (ta,) = realized_inputs((8, 8))
+  middle = (ta * 2).realize()
+  out = middle + 1
+  assert kernels_for(out) == 1
+  np.testing.assert_allclose(out.numpy(), a * 2 + 1)
+
+def test_debug_1_prints_the_kernel_count(capsys):
+  (a,), (ta,) = realized_inputs((8, 8))
+  with Context(DEBUG=1): ta.softmax().realize()
+  assert "with 3 kernel(s)" in capsys.readouterr().out

@@ -1,0 +1,111 @@
+"""Fuzz the ShapeTracker: random movement-op sequences, checked element by element against the same ops on numpy arrays."""
+from __future__ import annotations
+import random
+from typing import Any, Callable
+import numpy as np
+from tinyc.helpers import getenv, prod
+from tinyc.shape.shapetracker import ShapeTracker, index_variables
+from tinyc.shape.symbolic import AndNode, DivNode, Node, Variable, render_c, sym_infer
+
+PAD = -1  # numpy's marker for padded (invalid) elements; real elements are arange values >= 0
+MAX_ELEMENTS = 3000
+
+# Render nodes as numpy expressions over index arrays: vectorised evaluation of every element at once.
+NUMPY_OPS = {**render_c, DivNode: lambda node, ops, ctx: f"({node.a.render(ops, ctx)}//{node.b})",
+             AndNode: lambda node, ops, ctx: "(" + "&".join(f"({child.render(ops, ctx)})" for child in node.nodes) + ")"}
+
+def random_factorization(rng: random.Random, size: int) -> tuple[int, ...]:
+  """A random shape of 1..4 dims (size-1 dims included sometimes) with the given number of elements."""
+  dims, rest = [], size
+  for _ in range(rng.randint(0, 3)):
+    divisors = [d for d in range(1, rest + 1) if rest % d == 0]
+    dims.append(rng.choice(divisors))
+    rest //= dims[-1]
+  dims.append(rest)
+  rng.shuffle(dims)
+  return tuple(dims)
+
+Op = tuple[str, Any]
+
+def random_op(rng: random.Random, shape: tuple[int, ...]) -> Op:
+  kind = rng.choice(["reshape", "reshape", "permute", "expand", "pad", "shrink", "stride"])
+  if kind == "reshape": return kind, random_factorization(rng, prod(shape))
+  if kind == "permute": return kind, tuple(rng.sample(range(len(shape)), len(shape)))
+  if kind == "expand":
+    if 1 not in shape: return "reshape", tuple(rng.sample(shape + (1,), len(shape) + 1))  # make a size-1 dim to expand later
+    return kind, tuple(rng.randint(1, 4) if size == 1 else size for size in shape)
+  if kind == "pad": return kind, tuple((rng.randint(0, 2), rng.randint(0, 2)) for _ in shape)
+  if kind == "shrink":
+    arg = []
+    for size in shape:
+      begin = rng.randint(0, size - 1)
+      arg.append((begin, rng.randint(begin + 1, size)))
+    return kind, tuple(arg)
+  return kind, tuple(rng.choice([1, 1, 2, 3, -1, -2]) for _ in shape)
+
+def apply_numpy(array: np.ndarray, op: Op) -> np.ndarray:
+  kind, arg = op
+  if kind == "reshape": return array.reshape(arg)
+  if kind == "permute": return array.transpose(arg)
+  if kind == "expand": return np.broadcast_to(array, arg)
+  if kind == "pad": return np.pad(array, arg, constant_values=PAD)
+  if kind == "shrink": return array[tuple(slice(begin, end) for begin, end in arg)]
+  return array[tuple(slice(None, None, 1 if m > 0 else -1) for m in arg)][tuple(slice(None, None, abs(m)) for m in arg)]
+
+def apply_tracker(st: ShapeTracker, op: Op) -> ShapeTracker:
+  kind, arg = op
+  method: Callable[[Any], ShapeTracker] = getattr(st, kind)
+  return method(arg)
+
+def evaluate(st: ShapeTracker) -> tuple[np.ndarray, np.ndarray]:
+  """(buffer index, valid) of every element of st.shape, evaluated with numpy."""
+  idxs = index_variables(st.shape)
+  idx, valid = st.expr_idxs(idxs)
+  grids = np.indices(st.shape, dtype=np.int64) if st.shape else np.zeros((0,), dtype=np.int64)
+  env = {v.expr: grids[axis] for axis, v in enumerate(idxs) if isinstance(v, Variable)}
+  def run(node: Node) -> np.ndarray: return np.broadcast_to(np.asarray(eval(node.render(NUMPY_OPS), {}, env), dtype=np.int64), st.shape)
+  return run(idx), run(valid).astype(bool)
+
+def check(st: ShapeTracker, expected: np.ndarray, buffer_size: int, context: str) -> None:
+  assert st.shape == expected.shape, f"{context}: shape {st.shape} != numpy {expected.shape}"
+  idx, valid = evaluate(st)
+  assert np.array_equal(valid, expected != PAD), f"{context}: validity differs\n{valid.astype(int)}\nnumpy:\n{expected}"
+  assert np.all((idx[valid] >= 0) & (idx[valid] < buffer_size)), f"{context}: valid index out of the buffer: {idx[valid]}"
+  assert np.array_equal(idx[valid], expected[valid]), f"{context}: index differs\n{np.where(valid, idx, PAD)}\nnumpy:\n{expected}"
+  assert all(0 <= i < st.real_size() for i in idx[valid].tolist()) and st.real_size() <= buffer_size, f"{context}: real_size {st.real_size()}"
+  for axis, stride in enumerate(st.real_strides()):  # a stride that is not None must be the exact step of the index along the axis
+    if stride is not None and st.shape[axis] > 1:
+      assert np.all(np.diff(idx, axis=axis) == stride), f"{context}: real_strides {st.real_strides()} wrong on axis {axis}"
+
+def test_shapetracker_fuzz():
+  rng = random.Random(0)
+  merged_views = 0
+  for case in range(getenv("SHAPE_FUZZ_COUNT", 400)):
+    shape = tuple(rng.randint(1, 6) for _ in range(rng.randint(1, 4)))
+    base = np.arange(prod(shape), dtype=np.int64)
+    array, st, ops = base.reshape(shape), ShapeTracker.from_shape(shape), []
+    for _ in range(rng.randint(1, 8)):
+      op = random_op(rng, st.shape)
+      if (new_array := apply_numpy(array, op)).size > MAX_ELEMENTS: continue
+      array, st = new_array, apply_tracker(st, op)
+      ops.append(op)
+    context = f"case {case}: shape {shape} ops {ops} -> {st}"
+    check(st, array, base.size, context)
+    simplified = st.simplify()
+    merged_views += len(st.views) - len(simplified.views)
+    check(simplified, array, base.size, f"simplified {simplified} of {context}")
+    # split the ops in two and compose the halves with +: same answers
+    split = rng.randint(0, len(ops))
+    first = ShapeTracker.from_shape(shape)
+    for op in ops[:split]: first = apply_tracker(first, op)
+    second = ShapeTracker.from_shape(first.shape)
+    for op in ops[split:]: second = apply_tracker(second, op)
+    check(first + second, array, base.size, f"{first} + {second} of {context}")
+    # sym_infer agrees with the vectorised evaluation on a few elements
+    idx_node, valid_node = st.expr_idxs()
+    for _ in range(3):
+      point = tuple(rng.randrange(size) for size in st.shape)
+      env = {v: i for v, i in zip(index_variables(st.shape), point) if isinstance(v, Variable)}
+      assert bool(sym_infer(valid_node, env)) == (array[point] != PAD), f"{context} at {point}"
+      if array[point] != PAD: assert sym_infer(idx_node, env) == array[point], f"{context} at {point}"
+  assert merged_views > 0, "simplify() never merged a view: the fuzzer isn't exercising View.__add__"
