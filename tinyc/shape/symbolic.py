@@ -56,7 +56,7 @@ class Node:
   def _floordiv(self, b: int, factoring_allowed: bool) -> Node:
     if self.min < 0:  # make the numerator nonnegative: x//b == (x - k*b)//b + k; no factoring again, or sums would cycle
       offset = self.min // b
-      return (self - offset * b).__floordiv__(b, factoring_allowed=False) + offset
+      return Node.__floordiv__(self - offset * b, b, False) + offset
     return create_node(DivNode(self, b))
 
   def __mod__(self, other: Node | int) -> Node:
@@ -77,7 +77,7 @@ class Node:
   @staticmethod
   def sum(nodes: Sequence[Node | int]) -> Node:
     """Flatten nested sums, add up constants and collect like terms (x*2 + x*3 -> x*5)."""
-    constant, coefficients = 0, {}
+    constant, coefficients = 0, dict[Node, int]()
     for node in nodes:
       for term in (node.nodes if isinstance(node, SumNode) else [node]):
         if isinstance(term, int): constant += term
@@ -160,14 +160,14 @@ class MulNode(OpNode):
 
 class DivNode(OpNode):
   def get_bounds(self) -> tuple[int, int]:
-    assert isinstance(self.b, int) and self.b > 0 and self.a.min >= 0, f"DivNode needs a nonnegative numerator and positive divisor: {self.a}, {self.b}"
+    assert isinstance(self.b, int) and self.b > 0 and self.a.min >= 0, f"DivNode needs numerator >= 0 and divisor > 0: {self.a}, {self.b}"
     return self.a.min // self.b, self.a.max // self.b
   def substitute(self, mapping: Mapping[Variable, Node | int]) -> Node: return self.a.substitute(mapping) // self.b
   def _floordiv(self, b: int, factoring_allowed: bool) -> Node: return self.a // (self.b * b)  # (x//a)//b -> x//(a*b)
 
 class ModNode(OpNode):
   def get_bounds(self) -> tuple[int, int]:
-    assert isinstance(self.b, int) and self.b > 0 and self.a.min >= 0, f"ModNode needs a nonnegative numerator and positive divisor: {self.a}, {self.b}"
+    assert isinstance(self.b, int) and self.b > 0 and self.a.min >= 0, f"ModNode needs numerator >= 0 and divisor > 0: {self.a}, {self.b}"
     a, b = self.a, self.b
     wraps = a.max - a.min >= b or a.min % b > a.max % b
     return (0, b - 1) if wraps else (a.min % b, a.max % b)

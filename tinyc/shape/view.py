@@ -89,7 +89,8 @@ class View:
     return View.create(tuple(self.shape[axis] for axis in order), tuple(self.strides[axis] for axis in order), self.offset, mask)
 
   def expand(self, new_shape: tuple[int, ...]) -> View:
-    assert len(new_shape) == len(self.shape) and all(s == n or s == 1 for s, n in zip(self.shape, new_shape)), f"can't expand {self.shape} to {new_shape}"
+    assert len(new_shape) == len(self.shape) and all(s == n or s == 1 for s, n in zip(self.shape, new_shape)), \
+      f"can't expand {self.shape} to {new_shape}"
     if 0 in self.shape: return View.create(new_shape)
     mask = None
     if self.mask is not None:  # a size-1 dim's mask is (0, 1) or empty; it grows to the new size
@@ -204,13 +205,13 @@ def _merge_views(base: View, top: View) -> View | None:
     spans = [c * (top.shape[axis] - 1) for axis, c in coefficients.items()]
     return constant + sum(min(0, span) for span in spans), constant + sum(max(0, span) for span in spans)
   # Each base coordinate must stay inside its dim (no carries); where one doesn't, merge it with the dims before it.
-  extents, group_size, constant, coefficients = [], 1, 0, {}
+  extents, group_size, constant, coefficients = list[int](), 1, 0, dict[int, int]()
   for base_axis in reversed(range(len(base.shape))):
     constant += origin[base_axis] * group_size
     for top_axis, step in terms[base_axis]: coefficients[top_axis] = coefficients.get(top_axis, 0) + step * group_size
     group_size *= base.shape[base_axis]
     low, high = bounds(constant, coefficients)
-    if low >= 0 and high < group_size: extents.append(group_size); group_size, constant, coefficients = 1, 0, {}
+    if low >= 0 and high < group_size: extents.append(group_size); group_size, constant, coefficients = 1, 0, dict[int, int]()
   if group_size != 1 or constant != 0 or coefficients: return None
   if (merged_shape := tuple(reversed(extents))) != base.shape:
     return None if (reshaped := base.reshape(merged_shape)) is None else reshaped + top

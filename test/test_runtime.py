@@ -1,0 +1,72 @@
+"""The device registry, buffers and their allocator cache, the LLVM backend's program cache, DEBUG output, and the errors
+a user can meet there."""
+import numpy as np
+import pytest
+from tinyc import Tensor, Device, GlobalCounters
+from tinyc.device import Buffer, CompileError
+from tinyc.dtype import dtypes
+from tinyc.helpers import Context
+
+def test_default_device_and_selection(monkeypatch):
+  for name in ("CUDA", "GPU", "LLVM", "DEVICE"): monkeypatch.delenv(name, raising=False)
+  assert Device.DEFAULT == "LLVM"
+  monkeypatch.setenv("LLVM", "1")
+  assert Device.DEFAULT == "LLVM"
+  monkeypatch.setenv("DEVICE", "llvm")
+  assert Device.DEFAULT == "LLVM"
+  assert Tensor([1, 2]).device == "LLVM"
+
+def test_unknown_device_names_the_value_and_the_choices():
+  with pytest.raises(ValueError, match=r"unknown device 'TPU'.*LLVM"): Tensor([1.0], device="TPU")
+  with pytest.raises(ValueError, match="unknown device 'NOPE'"): Device["NOPE"]
+
+def test_buffer_round_trip_every_dtype():
+  for dtype in (dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.float16,
+                dtypes.float32, dtypes.float64):
+    data = (np.arange(12) % 3).astype(dtype.np)
+    np.testing.assert_equal(Buffer("LLVM", 12, dtype).copyin(data).numpy(), data)
+
+def test_freed_memory_is_reused_by_the_allocator():
+  allocator = Device["LLVM"].allocator
+  buffer = Buffer("LLVM", 1000, dtypes.float32)
+  memory = buffer.opaque
+  del buffer
+  assert Buffer("LLVM", 1000, dtypes.float32).opaque is memory
+
+def test_repeated_kernel_is_compiled_once():
+  device = Device["LLVM"]
+  x = Tensor(np.arange(6, dtype=np.float32)).realize()
+  (x * 3.25 + 1).realize()
+  programs, compiled = len(device.programs), len(device.compile.__self__.cache)
+  for _ in range(3): (x * 3.25 + 1).realize()
+  assert (len(device.programs), len(device.compile.__self__.cache)) == (programs, compiled)
+
+def test_debug_levels(capsys):
+  x = Tensor(np.ones((4, 4), np.float32)).realize()
+  with Context(DEBUG=2): (x * 7.5).realize()
+  out = capsys.readouterr().out
+  assert "E_16" in out and "GFLOP/s" in out and "GB/s" in out
+  with Context(DEBUG=3): (x * 8.5).sum(1).realize()
+  assert "STORE" in (out := capsys.readouterr().out) and "SUM" in out and "LOAD buf1" in out
+  with Context(DEBUG=4): (x * 9.5).realize()
+  assert 'define void @"E_16' in capsys.readouterr().out
+
+def test_kernel_counters():
+  x = Tensor(np.ones((8, 8), np.float32)).realize()
+  GlobalCounters.reset()
+  (x * 2 + 1).realize()
+  assert GlobalCounters.kernel_count == 1
+  assert GlobalCounters.global_ops == 2 * 64 and GlobalCounters.global_mem == 2 * 64 * 4
+
+def test_compile_error_is_typed_and_shows_the_ir_at_debug_4():
+  compile_fn, source = Device["LLVM"].compile, "; the whole kernel\ndefine void @broken() { not ir }"
+  with pytest.raises(CompileError, match="(?s)LLVM rejected kernel broken.*DEBUG=4") as error: compile_fn("broken", source)
+  assert "the whole kernel" not in str(error.value)
+  with Context(DEBUG=4), pytest.raises(CompileError, match="; the whole kernel"): compile_fn("broken", source)
+  assert (Tensor([1.0, 2.0]) * 2).tolist() == [2.0, 4.0]  # the device is still usable
+
+def test_integer_division_by_zero_does_not_crash():
+  x, zero = Tensor([7, -7, 3], dtype=dtypes.int32), Tensor([0, 0, 0], dtype=dtypes.int32)
+  assert len((x // zero).numpy()) == 3 and len((x % zero).numpy()) == 3
+  big = Tensor([-2**31], dtype=dtypes.int32)
+  assert (big // -1).numpy().shape == (1,)  # INT_MIN / -1 traps on x86; it must not take the process down
