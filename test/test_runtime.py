@@ -27,7 +27,6 @@ def test_buffer_round_trip_every_dtype():
     np.testing.assert_equal(Buffer("LLVM", 12, dtype).copyin(data).numpy(), data)
 
 def test_freed_memory_is_reused_by_the_allocator():
-  allocator = Device["LLVM"].allocator
   buffer = Buffer("LLVM", 1000, dtypes.float32)
   memory = buffer.opaque
   del buffer

@@ -56,13 +56,13 @@ class Buffer:
   def __repr__(self) -> str: return f"<Buffer {self.device} {self.size} {self.dtype.name}>"
   def copyin(self, data: np.ndarray) -> Buffer:
     assert data.nbytes == self.nbytes, f"copyin of {data.nbytes} bytes into a buffer of {self.nbytes}"
-    self.allocator.copyin(self.opaque, memoryview(np.ascontiguousarray(data)).cast("B"))
+    self.allocator.copyin(self.opaque, np.ascontiguousarray(data).data.cast("B"))
     return self
   def numpy(self) -> np.ndarray:
     """The buffer's contents as a flat numpy array (bfloat16 comes back as float32)."""
     storage = np.dtype(np.uint16) if self.dtype == dtypes.bfloat16 else self.dtype.np
     out = np.empty(self.size, dtype=storage)
-    if self.size: self.allocator.copyout(memoryview(out).cast("B"), self.opaque)
+    if self.size: self.allocator.copyout(out.data.cast("B"), self.opaque)
     if self.dtype == dtypes.bfloat16: return (out.astype(np.uint32) << 16).view(np.float32)
     return out
 

@@ -1,6 +1,6 @@
 """Layer 1: data types and PyTorch's type promotion. Imports only numpy and the stdlib."""
 from __future__ import annotations
-import functools
+import builtins, functools
 from dataclasses import dataclass
 from typing import Any
 import numpy as np
@@ -36,11 +36,11 @@ class dtypes:
   default_int = int32  # as in tinygrad: 32-bit index math is what GPUs run fast; cast to int64 explicitly when needed
 
   @staticmethod
-  def is_float(dtype: DType) -> bool: return dtype in FLOATS
+  def is_float(dtype: DType) -> builtins.bool: return dtype in FLOATS
   @staticmethod
-  def is_int(dtype: DType) -> bool: return dtype in INTS
+  def is_int(dtype: DType) -> builtins.bool: return dtype in INTS
   @staticmethod
-  def is_unsigned(dtype: DType) -> bool: return dtype in UNSIGNED
+  def is_unsigned(dtype: DType) -> builtins.bool: return dtype in UNSIGNED
   @staticmethod
   def from_np(np_dtype: Any) -> DType:
     name = np.dtype(np_dtype).name

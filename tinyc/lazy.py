@@ -81,7 +81,8 @@ class LazyBuffer:
   def reshape(self, shape: tuple[int, ...]) -> LazyBuffer: return self if shape == self.shape else self._view(self.st.reshape(shape))
   def permute(self, order: tuple[int, ...]) -> LazyBuffer: return self if order == tuple(range(len(order))) else self._view(self.st.permute(order))
   def expand(self, shape: tuple[int, ...]) -> LazyBuffer: return self if shape == self.shape else self._view(self.st.expand(shape))
-  def pad(self, padding: tuple[tuple[int, int], ...]) -> LazyBuffer: return self if all(p == (0, 0) for p in padding) else self._view(self.st.pad(padding))
+  def pad(self, padding: tuple[tuple[int, int], ...]) -> LazyBuffer:
+    return self if all(p == (0, 0) for p in padding) else self._view(self.st.pad(padding))
   def shrink(self, bounds: tuple[tuple[int, int], ...]) -> LazyBuffer:
     return self if all(b == (0, s) for b, s in zip(bounds, self.shape)) else self._view(self.st.shrink(bounds))
   def stride(self, steps: tuple[int, ...]) -> LazyBuffer: return self if all(s == 1 for s in steps) else self._view(self.st.stride(steps))

@@ -34,8 +34,8 @@ class Scheduler:
     self._count_consumers(targets)
     self.realizes.update(targets)
     for base in self.consumers:
-      if base.op in LoadOps and base.op is not LoadOps.CONST: self.realizes.add(base)
-      if base.op in ReduceOps and self.consumers[base] > 1: self.realizes.add(base)
+      if isinstance(base.op, LoadOps) and base.op is not LoadOps.CONST: self.realizes.add(base)
+      if isinstance(base.op, ReduceOps) and self.consumers[base] > 1: self.realizes.add(base)
     for target in targets: self.schedule(target)
 
   def _count_consumers(self, targets: list[LazyBuffer]) -> None:
@@ -90,11 +90,11 @@ class KernelBuilder:
     if base is not self.root:
       if base.realized is not None or base in scheduler.realizes: return self._load(base, st)
       if base.op is LoadOps.CONST: return LazyOp(BufferOps.CONST, (), ConstBuffer(base.arg, base.dtype, st))
-      if base.op in ReduceOps and (shared or in_reduce or self.reduce_shape is not None or not _is_plain_reshape(st)): return self._realize(base, st)
+      if isinstance(base.op, ReduceOps) and (shared or in_reduce or self.reduce_shape is not None or not _is_plain_reshape(st)): return self._realize(base, st)
       if base.op in UNSAFE_PAD_OPS and _has_mask(st): return self._realize(base, st)
     elif base.op is LoadOps.CONST: return LazyOp(BufferOps.CONST, (), ConstBuffer(base.arg, base.dtype, st))
     shared = shared or (base is not self.root and scheduler.consumers.get(base, 0) > 1)
-    if base.op in ReduceOps:
+    if isinstance(base.op, ReduceOps):
       self.reduce_shape = base.shape
       src = base.srcs[0]
       return LazyOp(base.op, (self.build(src.base, src.st, shared, in_reduce=True),), base.arg)

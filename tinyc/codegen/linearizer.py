@@ -5,7 +5,7 @@ Equal pure UOps are made once (common-subexpression elimination) and constant op
 A UOp made inside a loop is only reused inside that loop, so every renderer can scope variables by loop.
 """
 from __future__ import annotations
-from typing import Any, Callable
+from typing import Any, Callable, cast
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import DEBUG
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, ReduceOps, TernaryOps, UnaryOps
@@ -38,7 +38,7 @@ class Linearizer:
   def const(self, value: Any, dtype: DType) -> UOp: return self.uop(UOps.CONST, dtype, (), cast_python_value(value, dtype))
 
   def alu(self, op: Op, dtype: DType, *src: UOp) -> UOp:
-    if all(s.op is UOps.CONST for s in src) and op in PYTHON_ALU and not (dtypes.is_int(src[-1].dtype) and op in (BinaryOps.IDIV, BinaryOps.MOD)):
+    if all(s.op is UOps.CONST for s in src) and op in PYTHON_ALU and not (op in (BinaryOps.IDIV, BinaryOps.MOD) and src[-1].arg == 0):
       return self.const(PYTHON_ALU[op](*[s.arg for s in src]), dtype)
     if op is BinaryOps.ADD:
       if _is_const(src[1], 0): return src[0]
@@ -122,15 +122,15 @@ class Linearizer:
     return self.uops
 
   def reduce(self, reduceop: LazyOp, global_idxs: list[Node]) -> UOp:
-    kernel, dtype = self.kernel, reduceop.dtype
-    start = {ReduceOps.SUM: 0, ReduceOps.MAX: dtypes.min(dtype)}[reduceop.op]
+    kernel, dtype, op = self.kernel, reduceop.dtype, cast(ReduceOps, reduceop.op)
+    start = {ReduceOps.SUM: 0, ReduceOps.MAX: dtypes.min(dtype)}[op]
     acc = self.uop(UOps.DEFINE_ACC, dtype, (), cast_python_value(start, dtype), pure=False)
     reduce_axes = range(kernel.first_reduce, kernel.shape_len)
     reduce_idxs: list[Node] = [Variable(f"ridx{axis}", 0, kernel.full_shape[axis] - 1) for axis in reduce_axes]
     reduce_loops = [self.loop(f"ridx{axis}", kernel.full_shape[axis]) for axis in reduce_axes]
     value = self.parse(reduceop.src[0], global_idxs + reduce_idxs, None)
     current = self.uop(UOps.LOAD, dtype, (acc,), pure=False)
-    self.uop(UOps.STORE, None, (acc, self.alu(REDUCE_TO_ALU[reduceop.op], dtype, current, value)), pure=False)  # type: ignore[index]
+    self.uop(UOps.STORE, None, (acc, self.alu(REDUCE_TO_ALU[op], dtype, current, value)), pure=False)
     for loop in reversed(reduce_loops): self.end(loop)
     return self.uop(UOps.LOAD, dtype, (acc,), pure=False)
 

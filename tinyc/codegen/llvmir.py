@@ -74,7 +74,8 @@ ALU_RENDERERS: dict[Op, Callable[..., ir.Value]] = {
   BinaryOps.DIV: lambda b, dt, x, y: b.fdiv(x, y, flags=FAST_MATH),
   BinaryOps.IDIV: lambda b, dt, x, y: _int_divmod(b, dt, x, y, div=True),
   BinaryOps.MOD: lambda b, dt, x, y: b.frem(x, y) if dtypes.is_float(dt) else _int_divmod(b, dt, x, y, div=False),
-  BinaryOps.MAX: _max, BinaryOps.CMPLT: lambda b, dt, x, y: _compare(b, dt, "<", x, y), BinaryOps.CMPEQ: lambda b, dt, x, y: _compare(b, dt, "==", x, y),
+  BinaryOps.MAX: _max,
+  BinaryOps.CMPLT: lambda b, dt, x, y: _compare(b, dt, "<", x, y), BinaryOps.CMPEQ: lambda b, dt, x, y: _compare(b, dt, "==", x, y),
   BinaryOps.AND: lambda b, dt, x, y: b.and_(x, y), BinaryOps.OR: lambda b, dt, x, y: b.or_(x, y), BinaryOps.XOR: lambda b, dt, x, y: b.xor(x, y),
   TernaryOps.WHERE: lambda b, dt, c, x, y: b.select(c, x, y),
 }
@@ -121,20 +122,21 @@ def render_llvm(function_name: str, uops: list[UOp]) -> str:
   entry = function.append_basic_block("entry")
   builder = ir.IRBuilder(function.append_basic_block("body"))
   allocas = ir.IRBuilder(entry)
-  values: dict[UOp, Any] = {}
+  values: dict[UOp, Any] = {}  # UOp -> its llvmlite value
   loop_state: dict[UOp, tuple[ir.Block, ir.PhiInstr]] = {}
   for uop in uops:
-    src = [values.get(s) for s in uop.src]
+    src: list[Any] = [values.get(s) for s in uop.src]
+    dtype = uop.dtype if uop.dtype is not None else dtypes.bool  # (ops without a dtype do not read it)
     if uop.op is UOps.DEFINE_GLOBAL: values[uop] = function.args[buffers.index(uop)]
-    elif uop.op is UOps.CONST: values[uop] = _constant(uop.arg, uop.dtype)
+    elif uop.op is UOps.CONST: values[uop] = _constant(uop.arg, dtype)
     elif uop.op is UOps.DEFINE_ACC:
-      values[uop] = allocas.alloca(register_type(uop.dtype))  # in the entry block, where mem2reg promotes it
-      builder.store(_constant(uop.arg, uop.dtype), values[uop])  # reset each time the enclosing loops reach it
+      values[uop] = allocas.alloca(register_type(dtype))  # in the entry block, where mem2reg promotes it
+      builder.store(_constant(uop.arg, dtype), values[uop])  # reset each time the enclosing loops reach it
     elif uop.op is UOps.LOOP:
       preheader, body = builder.block, function.append_basic_block(f"loop_{uop.arg}")
       builder.branch(body)
       builder.position_at_end(body)
-      counter = builder.phi(register_type(uop.dtype), name=uop.arg)
+      counter = builder.phi(register_type(dtype), name=uop.arg)
       counter.add_incoming(src[0], preheader)
       values[uop], loop_state[uop] = counter, (body, counter)
     elif uop.op is UOps.END:
@@ -145,19 +147,25 @@ def render_llvm(function_name: str, uops: list[UOp]) -> str:
       counter.add_incoming(following, builder.block)
       builder.position_at_end(exit_block)
     elif uop.op is UOps.LOAD:
-      if uop.src[0].op is UOps.DEFINE_ACC: values[uop] = builder.load(src[0], typ=register_type(uop.dtype))
+      if uop.src[0].op is UOps.DEFINE_ACC: values[uop] = builder.load(src[0], typ=register_type(dtype))
       elif len(src) == 3:  # a gated load: clamp the index so a masked-out lane never reads out of bounds, then zero the value
         index = builder.select(src[2], src[1], ir.Constant(src[1].type, 0))
-        loaded = _load_from_memory(builder, builder.gep(src[0], [index], source_etype=memory_type(uop.dtype)), uop.dtype)
-        values[uop] = builder.select(src[2], loaded, _constant(0, uop.dtype))
-      else: values[uop] = _load_from_memory(builder, builder.gep(src[0], [src[1]], source_etype=memory_type(uop.dtype)), uop.dtype)
+        loaded = _load_from_memory(builder, builder.gep(src[0], [index], source_etype=memory_type(dtype)), dtype)
+        values[uop] = builder.select(src[2], loaded, _constant(0, dtype))
+      else: values[uop] = _load_from_memory(builder, builder.gep(src[0], [src[1]], source_etype=memory_type(dtype)), dtype)
     elif uop.op is UOps.STORE:
       if uop.src[0].op is UOps.DEFINE_ACC: builder.store(src[1], src[0])
-      else: builder.store(_to_memory(builder, src[2], uop.src[2].dtype), builder.gep(src[0], [src[1]], source_etype=memory_type(uop.src[2].dtype)))
-    elif uop.op is UOps.ALU: values[uop] = ALU_RENDERERS[uop.arg](builder, uop.src[-1].dtype, *src)
-    elif uop.op is UOps.CAST: values[uop] = cast(builder, src[0], uop.src[0].dtype, uop.dtype)
-    elif uop.op is UOps.BITCAST: values[uop] = builder.bitcast(src[0], register_type(uop.dtype))
+      else:
+        value_dtype = _dtype_of(uop.src[2])
+        builder.store(_to_memory(builder, src[2], value_dtype), builder.gep(src[0], [src[1]], source_etype=memory_type(value_dtype)))
+    elif uop.op is UOps.ALU: values[uop] = ALU_RENDERERS[uop.arg](builder, _dtype_of(uop.src[-1]), *src)
+    elif uop.op is UOps.CAST: values[uop] = cast(builder, src[0], _dtype_of(uop.src[0]), dtype)
+    elif uop.op is UOps.BITCAST: values[uop] = builder.bitcast(src[0], register_type(dtype))
     else: raise NotImplementedError(f"the LLVM renderer has no rule for {uop.op}")
   allocas.branch(function.basic_blocks[1])
   builder.ret_void()
   return str(module)
+
+def _dtype_of(uop: UOp) -> DType:
+  assert uop.dtype is not None, f"{uop.op} has no dtype"
+  return uop.dtype

@@ -6,7 +6,7 @@ a target machine made without the host's CPU name and features emits SSE only, s
 """
 from __future__ import annotations
 import ctypes, time
-from typing import Any, Callable
+from typing import Callable
 import numpy as np
 import llvmlite.binding as llvm
 from tinyc.helpers import DEBUG

@@ -1,8 +1,6 @@
 """Layer 2 (shape): integer index expressions with [min, max] bounds, simplified as they are built. Imports tinyc.helpers and the stdlib.
-
-`//` and `%` follow Python floor semantics for every value. DivNode and ModNode are only ever built over a numerator with min >= 0,
-so a C renderer (truncating `/` and `%`) gives the same answer: negative numerators are shifted up by a multiple of the divisor first.
-"""
+`//` and `%` follow Python floor semantics. DivNode/ModNode only ever wrap a numerator with min >= 0 (a negative one is first shifted up
+by a multiple of the divisor), so C's truncating `/` and `%` give the same values when rendered."""
 from __future__ import annotations
 import functools, math
 from typing import Any, Callable, Mapping, Sequence
