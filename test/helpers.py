@@ -1,6 +1,7 @@
 """Shared test helpers: random inputs, the tinyc <-> torch dtype map, and `check`, which runs one function on torch and on tinyc
 and compares shape, dtype and values."""
 from __future__ import annotations
+import math
 from typing import Any, Callable, Sequence
 import numpy as np
 import torch
@@ -14,12 +15,12 @@ TORCH_DTYPE: dict[DType, torch.dtype] = {
 TINYC_DTYPE: dict[torch.dtype, DType] = {v: k for k, v in TORCH_DTYPE.items()}
 
 def random_array(shape: tuple[int, ...], dtype: DType = dtypes.float32, low: float = -2.0, high: float = 2.0, seed: int = 0) -> np.ndarray:
-  """Random values in [low, high) for floats, [low, high] for ints (low clipped to 0 for unsigned), 50/50 for bool."""
+  """Random values in [low, high) for floats, the ints in [low, high] for ints (low clipped to 0 for unsigned), 50/50 for bool."""
   rng = np.random.default_rng(seed)
   if dtype == dtypes.bool: return np.asarray(rng.random(shape) < 0.5)
   if dtypes.is_int(dtype):
-    lo = max(int(low), 0) if dtypes.is_unsigned(dtype) else int(low)
-    return np.asarray(rng.integers(lo, int(high), size=shape, endpoint=True), dtype=dtype.np)
+    lo = max(math.ceil(low), 0) if dtypes.is_unsigned(dtype) else math.ceil(low)
+    return np.asarray(rng.integers(lo, math.floor(high), size=shape, endpoint=True), dtype=dtype.np)
   return np.asarray(rng.uniform(low, high, size=shape), dtype=np.float32 if dtype == dtypes.bfloat16 else dtype.np)
 
 def to_torch(array: np.ndarray, dtype: DType) -> torch.Tensor: return torch.from_numpy(np.array(array)).to(TORCH_DTYPE[dtype])

@@ -126,3 +126,11 @@ def test_debug_1_prints_the_kernel_count(capsys):
   (a,), (ta,) = realized_inputs((8, 8))
   with Context(DEBUG=1): ta.softmax().realize()
   assert "with 3 kernel(s)" in capsys.readouterr().out
+
+def test_one_buffer_read_through_two_views_is_one_kernel_argument():
+  # found by test_graph_fuzz (seed 35): each view got its own pointer argument, and the kernel read garbage
+  x = np.arange(18, dtype=np.float32).reshape(3, 2, 3)
+  t = Tensor(x)
+  out = t.flip(2) - t
+  assert kernels_for(out) == 1
+  np.testing.assert_equal(out.numpy(), np.flip(x, 2) - x)

@@ -104,8 +104,9 @@ class Linearizer:
 
   def linearize(self) -> list[UOp]:
     kernel = self.kernel
-    memory_bufs = sorted((buf for buf in kernel.bufs if isinstance(buf, MemBuffer)), key=lambda buf: buf.idx)
-    self.globals = {buf.idx: self.uop(UOps.DEFINE_GLOBAL, buf.dtype, (), (f"data{buf.idx}", buf.idx == 0), pure=False) for buf in memory_bufs}
+    # one global per buffer number: a buffer read through two views is still one argument
+    dtype_of_buffer = {buf.idx: buf.dtype for buf in kernel.bufs if isinstance(buf, MemBuffer)}
+    self.globals = {idx: self.uop(UOps.DEFINE_GLOBAL, dtype, (), (f"data{idx}", idx == 0), pure=False) for idx, dtype in sorted(dtype_of_buffer.items())}
     global_idxs: list[Node] = [Variable(f"gidx{axis}", 0, size - 1) for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
     global_loops = [self.loop(f"gidx{axis}", size) for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
     reduced = None
