@@ -7,7 +7,7 @@ LLVM's mem2reg turns into phis. bfloat16 lives in memory as i16 and in registers
 from __future__ import annotations
 import math
 from typing import Any, Callable
-from llvmlite import ir
+import llvmlite.ir as ir
 from tinyc.dtype import DType, dtypes
 from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
 from tinyc.codegen.uops import UOp, UOps
