@@ -134,3 +134,26 @@ def test_one_buffer_read_through_two_views_is_one_kernel_argument():
   out = t.flip(2) - t
   assert kernels_for(out) == 1
   np.testing.assert_equal(out.numpy(), np.flip(x, 2) - x)
+
+def test_assign_writes_in_place():
+  (a, b), (ta, tb) = realized_inputs((4, 4), (4, 4))
+  memory = ta.lazydata.base.realized
+  ta.assign(ta * 2 + tb)
+  assert kernels_for(ta) == 1
+  assert ta.lazydata.base.realized is memory
+  np.testing.assert_allclose(ta.numpy(), a * 2 + b, rtol=1e-6)
+
+def test_assign_runs_after_every_reader_of_the_old_value():
+  (a, b), (ta, tb) = realized_inputs((4, 4), (4, 4))
+  reads_old = (ta * tb).sum(1)  # reads ta's old value; computed in the same schedule as the write
+  ta.assign(tb - 1)
+  Tensor.corealize([ta, reads_old])  # the assign is listed first, yet must run last
+  np.testing.assert_allclose(reads_old.numpy(), (a * b).sum(1), rtol=1e-5)
+  np.testing.assert_allclose(ta.numpy(), b - 1)
+
+def test_assign_reading_itself_through_another_view_uses_a_temporary():
+  (a,), (ta,) = realized_inputs((4, 4))
+  ta.assign(ta.T + 1)
+  np.testing.assert_allclose(ta.numpy(), a.T + 1)
+  ta.assign(ta.flip(0))
+  np.testing.assert_allclose(ta.numpy(), np.flip(a.T + 1, 0))

@@ -70,6 +70,12 @@ class LazyBuffer:
     if self._base is None and self.op is not LoadOps.CONST: return self
     return LazyBuffer.loadop(LoadOps.CONTIGUOUS, self.shape, self.dtype, self.device, srcs=(self,))
 
+  def assign(self, value: LazyBuffer) -> LazyBuffer:
+    """`value` written into this buffer's memory when realized (this must be a realized base of the same shape and dtype)."""
+    assert self._base is None and self.realized is not None, f"assign needs a realized base as its target, not {self}"
+    assert value.shape == self.shape and value.dtype == self.dtype, f"assign of {value.shape} {value.dtype} into {self.shape} {self.dtype}"
+    return LazyBuffer.loadop(LoadOps.ASSIGN, self.shape, self.dtype, self.device, srcs=(value, self))
+
   def copy_to_device(self, device: str) -> LazyBuffer:
     if device == self.device: return self
     return LazyBuffer.loadop(LoadOps.COPY, self.shape, self.dtype, device, srcs=(self.contiguous(),))

@@ -21,8 +21,9 @@ class BufferOps(Enum):
   """The leaves and the root of a kernel's AST."""
   LOAD = auto(); CONST = auto(); STORE = auto()  # noqa: E702
 class LoadOps(Enum):
-  """Graph nodes that are not computed by a kernel: EMPTY allocates, CONST is a scalar, COPY moves data across devices."""
-  EMPTY = auto(); CONST = auto(); COPY = auto(); CONTIGUOUS = auto()  # noqa: E702
+  """Graph nodes that are not plain values: EMPTY allocates, CONST is a scalar, COPY moves data across devices, CONTIGUOUS
+  stores srcs[0] in its own memory, ASSIGN stores srcs[0] into the buffer of srcs[1] (a realized base) in place."""
+  EMPTY = auto(); CONST = auto(); COPY = auto(); CONTIGUOUS = auto(); ASSIGN = auto()  # noqa: E702
 
 Op = Union[UnaryOps, BinaryOps, TernaryOps, ReduceOps, MovementOps, BufferOps, LoadOps]
 ElementwiseOps = (UnaryOps, BinaryOps, TernaryOps)

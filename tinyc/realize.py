@@ -11,7 +11,7 @@ from tinyc.schedule import create_schedule
 def run_schedule(schedule: list[ScheduleItem]) -> None:
   for item in schedule:
     out = item.out
-    out.realized = Buffer(out.device, prod(out.shape), out.dtype)
+    out.realized = out.srcs[1].realized if out.op is LoadOps.ASSIGN else Buffer(out.device, prod(out.shape), out.dtype)
     if item.ast.op is LoadOps.COPY:
       source = item.inputs[0].realized
       assert source is not None, f"copy from an unrealized buffer {item.inputs[0]}"

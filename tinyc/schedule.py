@@ -11,9 +11,11 @@ The rules, each held by a test that counts kernels:
   4. A value seen through a pad is materialized first if it contains an op that does not map 0 to 0 (exp, log, 1/x, ...):
      padding pushed into the loads would otherwise compute f(0) in the padded area.
   5. Outputs, copies and contiguous() are always materialized.
+  6. assign() writes in place, after every kernel of the schedule that reads the old value; a kernel that would read
+     the buffer it writes through another view (w.assign(w.T + 1)) computes the new value into a temporary first.
 """
 from __future__ import annotations
-import sys
+import heapq, sys
 from tinyc.helpers import prod
 from tinyc.ops import (BufferOps, ConstBuffer, ElementwiseOps, LazyOp, LoadOps, MemBuffer, ReduceOps, ScheduleItem, UNSAFE_PAD_OPS)
 from tinyc.shape.shapetracker import ShapeTracker
@@ -37,6 +39,7 @@ class Scheduler:
       if isinstance(base.op, LoadOps) and base.op is not LoadOps.CONST: self.realizes.add(base)
       if isinstance(base.op, ReduceOps) and self.consumers[base] > 1: self.realizes.add(base)
     for target in targets: self.schedule(target)
+    if any(item.out.op is LoadOps.ASSIGN for item in self.items): self.items = _order_assigns(self.items)
 
   def _count_consumers(self, targets: list[LazyBuffer]) -> None:
     stack, seen = list(targets), set(targets)
@@ -63,6 +66,9 @@ class Scheduler:
       self.items.append(ScheduleItem(LazyOp(base.op), base, srcs))
       return
     kernel = KernelBuilder(self, base)
+    if base.op is LoadOps.ASSIGN and kernel.reads_target_through_another_view():
+      self.realizes.add(base.srcs[0].base)
+      kernel = KernelBuilder(self, base)
     self.items.append(ScheduleItem(kernel.ast, base, tuple(kernel.inputs)))
 
 class KernelBuilder:
@@ -71,13 +77,20 @@ class KernelBuilder:
     self.scheduler, self.root = scheduler, root
     self.inputs: list[LazyBuffer] = []
     self.reduce_shape: tuple[int, ...] | None = None
-    value_src = root.srcs[0] if root.op is LoadOps.CONTIGUOUS else root
+    value_src = root.srcs[0] if root.op in (LoadOps.CONTIGUOUS, LoadOps.ASSIGN) else root
     st = ShapeTracker.from_shape(root.shape)
     value = self.build(value_src.base, value_src.st if value_src is not root else st, shared=False, in_reduce=False)
     if self.reduce_shape is not None and self.reduce_shape != root.shape:
       # the epilogue was built in the root's shape; the kernel runs in the reduce's (same size, 1 in each reduced axis)
       value, st = self._reshape_epilogue(value, self.reduce_shape), st.reshape(self.reduce_shape)
     self.ast = LazyOp(BufferOps.STORE, (value,), MemBuffer(0, root.dtype, st))
+
+  def reads_target_through_another_view(self) -> bool:
+    """Whether this ASSIGN kernel loads the buffer it overwrites at other indices than the one it stores to."""
+    target = self.root.srcs[1]
+    if target not in self.inputs: return False
+    number, store_st = self.inputs.index(target) + 1, self.ast.arg.st
+    return any(node.op is BufferOps.LOAD and node.arg.idx == number and node.arg.st != store_st for node in self.ast.walk())
 
   def _load(self, base: LazyBuffer, st: ShapeTracker) -> LazyOp:
     self.scheduler.schedule(base)
@@ -111,6 +124,31 @@ class KernelBuilder:
       buf = node.arg
       return LazyOp(node.op, (), type(buf)(buf.idx if isinstance(buf, MemBuffer) else buf.val, buf.dtype, buf.st.reshape(shape)))
     return LazyOp(node.op, tuple(self._reshape_epilogue(src, shape) for src in node.src), node.arg)
+
+def _order_assigns(items: list[ScheduleItem]) -> list[ScheduleItem]:
+  """Reorder so each item runs after the items it reads and each ASSIGN after every item that reads the old value."""
+  producer = {item.out: index for index, item in enumerate(items)}
+  after: list[set[int]] = [{producer[src] for src in item.inputs if src in producer} for item in items]
+  for index, item in enumerate(items):
+    if item.out.op is not LoadOps.ASSIGN: continue
+    target = item.out.srcs[1]
+    after[index].update(other for other, reader in enumerate(items) if other != index and target in reader.inputs)
+  waiting = [len(deps) for deps in after]
+  users: list[list[int]] = [[] for _ in items]
+  for index, deps in enumerate(after):
+    for dep in deps: users[dep].append(index)
+  ready = [index for index, count in enumerate(waiting) if count == 0]
+  heapq.heapify(ready)
+  order: list[ScheduleItem] = []
+  while ready:
+    index = heapq.heappop(ready)
+    order.append(items[index])
+    for user in users[index]:
+      waiting[user] -= 1
+      if waiting[user] == 0: heapq.heappush(ready, user)
+  if len(order) != len(items):
+    raise RuntimeError("assign: the new value of a tensor is needed to compute something that also reads its old value; realize() one of them first")
+  return order
 
 def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   """The kernels that compute `outs`, in an order where each runs after the kernels it reads."""

@@ -44,7 +44,10 @@ class Tensor(MovementMixin, NNMixin):
       except ValueError as error: raise ValueError(f"cannot make a tensor from ragged nested lists: {error}") from error
     if not isinstance(data, np.ndarray): raise TypeError(f"cannot make a Tensor from {type(data).__name__}: use a number, a (nested) list or a numpy array")
     dtype = dtype or dtypes.from_np(data.dtype)
-    array = data.astype(np.float32 if dtype == dtypes.bfloat16 else dtype.np, copy=False)
+    if data.size == 0:  # no memory to fill: an empty buffer of the right shape
+      self.lazydata = LazyBuffer.loadop(LoadOps.EMPTY, data.shape, dtype, device)
+      return
+    array = _round_to_bfloat16(data) if dtype == dtypes.bfloat16 else data.astype(dtype.np, copy=False)
     self.lazydata = LazyBuffer.from_numpy(array, device, dtype)
 
   # ---- properties ----
@@ -104,10 +107,14 @@ class Tensor(MovementMixin, NNMixin):
     self.lazydata, self.grad = moved.lazydata, moved.grad
   def detach(self) -> Tensor: return Tensor(self.lazydata, device=self.device, requires_grad=False)
   def assign(self, x: Tensor | Any) -> Tensor:
-    """Replace this tensor's value with x's (same shape and dtype), keeping the object."""
+    """Write x's values into this tensor (cast to its dtype). A realized tensor keeps its memory: the write is in place."""
     if not isinstance(x, Tensor): x = Tensor(x, device=self.device, dtype=self.dtype)
     if x.shape != self.shape: raise ValueError(f"assign needs the same shape: {self.shape} vs {x.shape}")
-    self.lazydata = x.cast(self.dtype).lazydata
+    if x.device != self.device: raise RuntimeError(f"assign of a tensor on {x.device} into one on {self.device}: use .to() first")
+    value, target = x.cast(self.dtype).lazydata, self.lazydata
+    if target.base is target and target.realized is not None and value is not target:
+      self.lazydata = target.assign(value.contiguous() if value.base is target else value)  # a view of itself is copied out first
+    else: self.lazydata = value
     return self
 
   # ---- construction ----
@@ -287,7 +294,9 @@ class Tensor(MovementMixin, NNMixin):
   def maximum(self, other: Tensor | Scalar) -> Tensor: return Tensor._apply(F.Maximum, *self._broadcasted(other))
   def minimum(self, other: Tensor | Scalar) -> Tensor:
     x, y = self._broadcasted(other)
-    return -((-x).maximum(-y)) if x.dtype != dtypes.bool else x & y
+    if x.dtype == dtypes.bool: return x & y
+    # negation wraps around for unsigned ints (and overflows at the int minimum), so ints select; floats keep max's gradient rule
+    return -((-x).maximum(-y)) if dtypes.is_float(x.dtype) else (x < y).where(x, y)
   def where(self, x: Tensor | Scalar, y: Tensor | Scalar) -> Tensor:
     """Elementwise `x if self else y` (self is the condition)."""
     if isinstance(x, Tensor): x, y = x._broadcasted(y)
@@ -313,7 +322,7 @@ class Tensor(MovementMixin, NNMixin):
     magnitude = (base.abs().log() * power).exp()
     is_integral = power == power.trunc()
     is_odd = is_integral & ((power.abs() % 2) == 1)
-    sign = (base < 0).where(is_integral.where(is_odd.where(-1.0, 1.0), math.nan), 1.0)
+    sign = (base < 0).where(is_integral.where(is_odd.where(-1.0, 1.0), math.nan), 1.0).cast(base.dtype)
     result = (power == 0).where(1.0, magnitude * sign)
     return result if dtypes.is_float(out_dtype) else result.round_half_even().cast(out_dtype)
 
@@ -373,14 +382,16 @@ class Tensor(MovementMixin, NNMixin):
   def tan(self) -> Tensor: return self.sin() / self.cos()
   def reciprocal(self) -> Tensor: return Tensor._apply(F.Reciprocal, self._floating())
   def square(self) -> Tensor: return self * self
-  def abs(self) -> Tensor: return self.relu() + (-self).relu() if self.dtype != dtypes.bool else self
+  def abs(self) -> Tensor: return self.relu() + (-self).relu() if self.dtype != dtypes.bool and not dtypes.is_unsigned(self.dtype) else self
   def sign(self) -> Tensor: return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
   def relu(self) -> Tensor: return Tensor._apply(F.Relu, self) if self.dtype != dtypes.bool else self
   def sigmoid(self) -> Tensor: return Tensor._apply(F.Sigmoid, self._floating())
   def trunc(self) -> Tensor:
-    """Round toward zero. Values beyond 2**31 are already integers, so they pass through unchanged."""
+    """Round toward zero. Values at or beyond 2**mantissa_bits are already integers, so they pass through unchanged; the rest
+    round-trip through an integer type wide enough for them (and the threshold is representable in float16)."""
     if not dtypes.is_float(self.dtype): return self
-    return (self.abs() < 2.0 ** 31).where(self.cast(dtypes.int32).cast(self.dtype), self)
+    threshold, int_dtype = TRUNC_VIA_INT[self.dtype]
+    return (self.abs() < threshold).where(self.cast(int_dtype).cast(self.dtype), self)
   def floor(self) -> Tensor:
     truncated = self.trunc()
     return (truncated > self).where(truncated - 1, truncated)
@@ -396,20 +407,28 @@ class Tensor(MovementMixin, NNMixin):
   def clip(self, min_: Scalar | None = None, max_: Scalar | None = None) -> Tensor:
     """Clamp values to [min_, max_]."""
     if min_ is None and max_ is None: raise ValueError("clip needs at least one of min_ and max_")
-    out = self.maximum(min_) if min_ is not None else self
+    # torch: the result dtype comes from the tensor and both bounds together (int tensor, float bound -> float), before clamping
+    out = self.cast(least_upper_dtype(self.dtype, *[result_dtype_with_scalar(self.dtype, b) for b in (min_, max_) if b is not None]))
+    out = out.maximum(min_) if min_ is not None else out
     return out.minimum(max_) if max_ is not None else out
 
   # ---- reductions ----
   def _reduce(self, function: type[F.Function], axis: int | Sequence[int] | None, keepdim: bool) -> Tensor:
     axes = tuple(range(self.ndim)) if axis is None else tuple(normalize_axis(a, self.ndim) for a in argfix(axis))
     if self.ndim == 0: return self
-    reduced = Tensor._apply(function, self, axis=axes)
+    kept = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
+    if self.numel() == 0 and prod(kept) != 0:  # reducing away a zero-size dim: the identity, as torch gives for sum
+      if function is not F.Sum:
+        empty = next(i for i in axes if self.shape[i] == 0)
+        raise RuntimeError(f"max/min: Expected reduction dim {empty} to have non-zero size (shape {self.shape}); the extreme of nothing is undefined")
+      reduced = Tensor.zeros(kept, dtype=self.dtype, device=self.device)
+    else: reduced = Tensor._apply(function, self, axis=axes)
     return reduced if keepdim else reduced.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
   def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-    """Sum over axis; bools and small ints sum in int32, float16 in float32 (stored back as float16)."""
+    """Sum over axis; bools and ints below 32 bits (unsigned too) sum in int32 where torch uses int64, float16 in float32 (stored back
+    as float16)."""
     source = self
-    if self.dtype == dtypes.bool or (dtypes.is_int(self.dtype) and self.dtype.itemsize < 4):
-      source = self.cast(dtypes.uint32 if dtypes.is_unsigned(self.dtype) else dtypes.int32)
+    if self.dtype == dtypes.bool or (dtypes.is_int(self.dtype) and self.dtype.itemsize < 4): source = self.cast(dtypes.default_int)
     elif self.dtype in (dtypes.float16, dtypes.bfloat16): return self.float().sum(axis, keepdim).cast(self.dtype)
     return source._reduce(F.Sum, axis, keepdim)
   def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
@@ -427,7 +446,7 @@ class Tensor(MovementMixin, NNMixin):
     x = self._floating()
     squares = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
     count = prod(x.shape) // max(prod(squares.shape), 1)
-    return squares / max(count - correction, 0) if count - correction > 0 else squares * math.nan
+    return squares / max(count - correction, 0)  # no degrees of freedom left: inf (or nan for 0/0), as torch gives
   def std(self, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: int = 1) -> Tensor:
     return self.var(axis, keepdim, correction).sqrt()
   def softmax(self, axis: int = -1) -> Tensor:
@@ -460,6 +479,10 @@ class Tensor(MovementMixin, NNMixin):
     windows = moved.pad2d((size - 1, 0))._pool((size,))
     return windows.sum(-1).transpose(axis, -1)
 
+# float dtype -> (the magnitude from which every value is an integer, the integer dtype trunc goes through below it)
+TRUNC_VIA_INT: dict[DType, tuple[float, DType]] = {dtypes.float16: (2.0 ** 10, dtypes.int16), dtypes.bfloat16: (2.0 ** 7, dtypes.int16),
+                                                   dtypes.float32: (2.0 ** 23, dtypes.int32), dtypes.float64: (2.0 ** 52, dtypes.int64)}
+
 def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
   """NumPy/PyTorch broadcasting of two shapes; names both when they do not broadcast."""
   ndim = max(len(a), len(b))
@@ -468,6 +491,13 @@ def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     if x != y and x != 1 and y != 1:
       raise RuntimeError(f"The size of tensor a ({x}) must match the size of tensor b ({y}) at non-singleton dimension {axis}: shapes {a} and {b}")
   return tuple(y if x == 1 else x for x, y in zip(left, right))
+
+def _round_to_bfloat16(data: np.ndarray) -> np.ndarray:
+  """float32 values rounded to the nearest bfloat16 (ties to even), as torch does; storing then keeps the top 16 bits exactly."""
+  values = np.asarray(data, dtype=np.float32)
+  bits = values.view(np.uint32).astype(np.uint64)
+  rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+  return np.where(np.isnan(values), values, rounded)
 
 def _cast_scalar(value: Scalar, dtype: DType) -> Scalar:
   if dtype == dtypes.bool: return bool(value)

@@ -127,9 +127,9 @@ class MovementMixin:
       if t.shape != tensors[0].shape: raise RuntimeError(f"stack expects each tensor to be equal size, but got {tensors[0].shape} and {t.shape}")
     expanded = [t.unsqueeze(axis) for t in tensors]
     return expanded[0].cat(*expanded[1:], dim=axis)
-  def repeat(self, repeats: Sequence[int]) -> Any:
-    """Tile the tensor `repeats[i]` times along dim i (like torch.Tensor.repeat)."""
-    repeats = argfix(repeats)
+  def repeat(self, *repeats: Any) -> Any:
+    """Tile the tensor `repeats[i]` times along dim i (like torch.Tensor.repeat); takes a sequence or ints."""
+    repeats = argfix(*repeats)
     if len(repeats) < self.ndim:
       raise RuntimeError(f"Number of dimensions of repeat dims {tuple(repeats)} can not be smaller than number of dimensions of tensor {self.shape}")
     base = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
