@@ -108,7 +108,7 @@ def test_pow(dtype):
 SCALAR_OPS = {
   "add": lambda x, s: x + s, "radd": lambda x, s: s + x, "sub": lambda x, s: x - s, "rsub": lambda x, s: s - x, "mul": lambda x, s: x * s,
   "rmul": lambda x, s: s * x, "pow": lambda x, s: x.abs() ** s, "rpow": lambda x, s: abs(s) ** x, "div": lambda x, s: x / s, "rdiv": lambda x, s: s / nonzero(x), "floordiv": lambda x, s: x // s,
-  "rfloordiv": lambda x, s: s // nonzero(x), "mod": lambda x, s: x % s, "rmod": lambda x, s: s % nonzero(x), "maximum": lambda x, s: x.maximum(s),
+  "rfloordiv": lambda x, s: s // nonzero(x), "mod": lambda x, s: x % s, "rmod": lambda x, s: s % nonzero(x),
   "lt": lambda x, s: x < s, "rlt": lambda x, s: s < x, "le": lambda x, s: x <= s, "gt": lambda x, s: x > s,
   "ge": lambda x, s: x >= s, "eq": lambda x, s: x == s, "ne": lambda x, s: x != s,
 }
@@ -221,7 +221,7 @@ def test_reduce_zero_size():
   check([(0, 3)], lambda x: x.mean(0))  # nan, as in torch
   check([(2, 0)], lambda x: torch.amax(x, 0), lambda x: x.max(0))
   check([(0, 2)], lambda x: torch.amax(x, 1, keepdim=True), lambda x: x.max(1, keepdim=True))
-  for fn in [lambda x: x.max(1), lambda x: x.min(0), lambda x: x.max(), lambda x: x.argmax(1)]:
+  for fn in [lambda x: x.max(1), lambda x: x.min(1), lambda x: x.max(), lambda x: x.argmax(1), lambda x: x.argmin()]:
     with pytest.raises(RuntimeError, match="non-zero size"): fn(Tensor.ones(2, 0))
 
 def test_reduce_axis_errors():

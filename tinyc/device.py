@@ -66,6 +66,15 @@ class Buffer:
     if self.dtype == dtypes.bfloat16: return (out.astype(np.uint32) << 16).view(np.float32)
     return out
 
+def copy_buffer(buffers: list[Buffer]) -> None:
+  """buffers[0] <- buffers[1], across devices, through host memory (byte for byte, so every dtype survives)."""
+  dest, src = buffers
+  assert dest.nbytes == src.nbytes, f"copy of {src.nbytes} bytes into a buffer of {dest.nbytes}"
+  staging = np.empty(src.nbytes, dtype=np.uint8)
+  if src.nbytes:
+    src.allocator.copyout(staging.data, src.opaque)
+    dest.allocator.copyin(dest.opaque, staging.data)
+
 class CompileError(RuntimeError):
   """A backend's compiler rejected a kernel's source."""
 

@@ -2,26 +2,29 @@
 Imports helpers, dtype, ops, device, lazy, schedule.
 """
 from __future__ import annotations
+from typing import Callable
 from tinyc.helpers import DEBUG, GlobalCounters, prod
 from tinyc.ops import LoadOps, ScheduleItem
-from tinyc.device import Buffer, Device
+from tinyc.device import Buffer, Device, copy_buffer
 from tinyc.lazy import LazyBuffer
 from tinyc.schedule import create_schedule
+
+Step = tuple[Callable[[list[Buffer]], None], list[Buffer]]  # something that ran (a program or a copy) and its buffers
+capturing: list[list[Step]] = []  # while TinyJit captures, every step run is also appended to capturing[-1]
 
 def run_schedule(schedule: list[ScheduleItem]) -> None:
   for item in schedule:
     out = item.out
     out.realized = out.srcs[1].realized if out.op is LoadOps.ASSIGN else Buffer(out.device, prod(out.shape), out.dtype)
-    if item.ast.op is LoadOps.COPY:
-      source = item.inputs[0].realized
-      assert source is not None, f"copy from an unrealized buffer {item.inputs[0]}"
-      out.realized.copyin(source.numpy().view(source.dtype.np) if source.dtype.np is not None else source.numpy())
-    elif item.ast.op is not LoadOps.EMPTY:
-      program = Device[out.device].get_program(item.ast)
-      buffers = [out.realized] + [src.realized for src in item.inputs]
-      assert all(buf is not None for buf in buffers), f"kernel {program.name} reads an unrealized input"
-      program(buffers)  # type: ignore[arg-type]
+    if item.ast.op is LoadOps.EMPTY: pass
+    elif item.ast.op is LoadOps.COPY: _run(copy_buffer, [out.realized, item.inputs[0].realized])
+    else: _run(Device[out.device].get_program(item.ast), [out.realized] + [src.realized for src in item.inputs])
     out.srcs = ()  # the value is stored: let the graph that made it be freed
+
+def _run(step: Callable[[list[Buffer]], None], buffers: list[Buffer | None]) -> None:
+  assert all(buf is not None for buf in buffers), f"{step} reads an unrealized input"
+  step(buffers)  # type: ignore[arg-type]
+  if capturing: capturing[-1].append((step, buffers))  # type: ignore[arg-type]
 
 def realize(outs: list[LazyBuffer]) -> None:
   """Compute every output that is not yet realized, fusing the graph under them into kernels."""

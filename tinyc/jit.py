@@ -1,0 +1,79 @@
+"""Layer 6: TinyJit captures the kernels a function runs and replays them, skipping Python, scheduling and codegen.
+Imports helpers, device, realize, tensor.
+
+The first call runs normally (compiling every kernel), the second runs again while recording each launch and its
+buffers, and later calls replay the recording with the new inputs' buffers swapped in. Everything the function computes
+must be realized by the time it returns (returned tensors are realized here; optimizers realize what they update).
+"""
+from __future__ import annotations
+import functools
+from typing import Any, Callable, Generic, TypeVar
+from tinyc.helpers import DEBUG
+from tinyc.device import Buffer
+from tinyc.realize import Step, capturing
+from tinyc.tensor import Tensor
+
+ReturnType = TypeVar("ReturnType")
+
+class JitError(RuntimeError):
+  """A call that the captured kernels cannot serve."""
+
+class TinyJit(Generic[ReturnType]):
+  def __init__(self, fn: Callable[..., ReturnType]) -> None:
+    self.fn = fn
+    self.reset()
+    functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+
+  def reset(self) -> None:
+    """Forget the capture: the next two calls run the function again."""
+    self.calls = 0
+    self.steps: list[Step] = []
+    self.signature: tuple[Any, ...] | None = None
+    self.input_slots: list[tuple[int, int, int]] = []  # (step, buffer position, input number)
+    self.result: Any = None
+
+  def __get__(self, instance: Any, owner: Any) -> Any: return functools.partial(self.__call__, instance)  # decorating a method
+
+  def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
+    inputs = [value for value in list(args) + list(kwargs.values()) if isinstance(value, Tensor)]
+    for tensor in inputs:  # an input must be its own realized buffer: that buffer is what replays swap in
+      if tensor.lazydata.base is not tensor.lazydata or tensor.lazydata.realized is None: tensor.lazydata = tensor.contiguous().realize().lazydata
+    signature = tuple((t.shape, t.dtype, t.device) for t in inputs) + tuple(_static(value) for value in list(args) + list(kwargs.items())
+                                                                           if not isinstance(value, Tensor))
+    if self.calls >= 2:
+      if signature != self.signature:
+        raise JitError(f"TinyJit {self.fn.__name__}: this call's inputs {signature} differ from the captured {self.signature}; "
+                       "the captured kernels would compute the wrong thing. Call .reset() to capture again.")
+      return self._replay([t.lazydata.realized for t in inputs])  # type: ignore[misc]
+    if self.calls == 1: capturing.append([])
+    try:
+      result = self.fn(*args, **kwargs)
+      Tensor.corealize(_tensors_in(result))
+    finally:
+      steps = capturing.pop() if self.calls == 1 else []
+    if self.calls == 1:
+      input_buffers = [t.lazydata.realized for t in inputs]
+      self.steps, self.signature, self.result = steps, signature, result
+      self.input_slots = [(step, position, input_buffers.index(buf)) for step, (_, buffers) in enumerate(steps)
+                          for position, buf in enumerate(buffers) if any(buf is b for b in input_buffers)]
+      if DEBUG >= 1: print(f"TinyJit {self.fn.__name__}: captured {len(steps)} kernels")
+    self.calls += 1
+    return result
+
+  def _replay(self, input_buffers: list[Buffer]) -> ReturnType:
+    for step, position, number in self.input_slots: self.steps[step][1][position] = input_buffers[number]
+    for run, buffers in self.steps: run(buffers)
+    return self.result
+
+def _tensors_in(value: Any) -> list[Tensor]:
+  if isinstance(value, Tensor): return [value]
+  if isinstance(value, (list, tuple)): return [t for item in value for t in _tensors_in(item)]
+  if isinstance(value, dict): return [t for item in value.values() for t in _tensors_in(item)]
+  return []
+
+def _static(value: Any) -> Any:
+  """A non-tensor argument as part of the signature: its value is baked into the captured kernels."""
+  try:
+    hash(value)
+    return value
+  except TypeError: return repr(value)
