@@ -69,3 +69,12 @@ def test_integer_division_by_zero_does_not_crash():
   assert len((x // zero).numpy()) == 3 and len((x % zero).numpy()) == 3
   big = Tensor([-2**31], dtype=dtypes.int32)
   assert (big // -1).numpy().shape == (1,)  # INT_MIN / -1 traps on x86; it must not take the process down
+
+def test_bitcast_to_and_from_16_bit_floats():
+  # found while writing nn.state: i16 -> bfloat16 bitcast did not compile (bfloat16 lives in float registers)
+  bits = np.array([0x3F80, 0xC000, 0x7F80], np.uint16)  # 1.0, -2.0, inf in bfloat16
+  np.testing.assert_equal(Tensor(bits).bitcast(dtypes.bfloat16).numpy(), [1.0, -2.0, np.inf])
+  np.testing.assert_equal(Tensor(bits).bitcast(dtypes.bfloat16).bitcast(dtypes.uint16).numpy(), bits)
+  halves = np.array([1.0, -2.5], np.float16)
+  np.testing.assert_equal(Tensor(halves).bitcast(dtypes.bfloat16).bitcast(dtypes.float16).numpy(), halves)
+  np.testing.assert_equal(Tensor(halves).bitcast(dtypes.int16).numpy(), halves.view(np.int16))

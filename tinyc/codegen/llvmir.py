@@ -92,6 +92,12 @@ def cast(builder: ir.IRBuilder, value: ir.Value, src: DType, dst: DType) -> ir.V
   if src_ty.width > dst_ty.width: return builder.trunc(value, dst_ty)
   return builder.zext(value, dst_ty) if dtypes.is_unsigned(src) or src == dtypes.bool else builder.sext(value, dst_ty)
 
+def bitcast(builder: ir.IRBuilder, value: ir.Value, src: DType, dst: DType) -> ir.Value:
+  """Reinterpret the bits: through the memory representation, since bfloat16 is a float in registers and an i16 in memory."""
+  bits = _to_memory(builder, value, src)
+  if dst == dtypes.bfloat16: return _from_memory(builder, builder.bitcast(bits, ir.IntType(16)), dst)
+  return builder.bitcast(bits, register_type(dst))
+
 def _float_bits(dtype: DType) -> int: return 32 if dtype == dtypes.bfloat16 else 8 * dtype.itemsize
 
 def _constant(value: Any, dtype: DType) -> ir.Constant:
@@ -99,7 +105,9 @@ def _constant(value: Any, dtype: DType) -> ir.Constant:
   return ir.Constant(register_type(dtype), int(value) if not dtypes.is_float(dtype) else value)
 
 def _load_from_memory(builder: ir.IRBuilder, pointer: ir.Value, dtype: DType) -> ir.Value:
-  raw = builder.load(pointer, typ=memory_type(dtype))
+  return _from_memory(builder, builder.load(pointer, typ=memory_type(dtype)), dtype)
+
+def _from_memory(builder: ir.IRBuilder, raw: ir.Value, dtype: DType) -> ir.Value:
   if dtype == dtypes.bool: return builder.trunc(raw, ir.IntType(1))
   if dtype == dtypes.bfloat16: return builder.bitcast(builder.shl(builder.zext(raw, ir.IntType(32)), ir.Constant(ir.IntType(32), 16)), ir.FloatType())
   return raw
@@ -160,7 +168,7 @@ def render_llvm(function_name: str, uops: list[UOp]) -> str:
         builder.store(_to_memory(builder, src[2], value_dtype), builder.gep(src[0], [src[1]], source_etype=memory_type(value_dtype)))
     elif uop.op is UOps.ALU: values[uop] = ALU_RENDERERS[uop.arg](builder, _dtype_of(uop.src[-1]), *src)
     elif uop.op is UOps.CAST: values[uop] = cast(builder, src[0], _dtype_of(uop.src[0]), dtype)
-    elif uop.op is UOps.BITCAST: values[uop] = builder.bitcast(src[0], register_type(dtype))
+    elif uop.op is UOps.BITCAST: values[uop] = bitcast(builder, src[0], _dtype_of(uop.src[0]), dtype)
     else: raise NotImplementedError(f"the LLVM renderer has no rule for {uop.op}")
   allocas.branch(function.basic_blocks[1])
   builder.ret_void()
