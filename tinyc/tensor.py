@@ -33,7 +33,8 @@ class Tensor(MovementMixin, NNMixin):
       assert dtype is None or dtype == data.dtype, f"a LazyBuffer of {data.dtype} cannot become a {dtype} tensor"
       self.lazydata = data if data.device == device else data.copy_to_device(device)
       return
-    if isinstance(data, Tensor): data = data.numpy()
+    if isinstance(data, Tensor): data, dtype = data.numpy(), dtype or data.dtype  # numpy() gives bfloat16 as float32: keep the dtype
+    if isinstance(data, np.generic): data = np.asarray(data)  # a numpy scalar keeps its dtype, as in torch (np.float64 is also a float)
     if isinstance(data, (bool, int, float)):
       dtype = dtype or dtypes.from_py(data)
       self.lazydata = LazyBuffer.loadop(LoadOps.CONST, (), dtype, device, arg=_cast_scalar(data, dtype))
@@ -42,7 +43,8 @@ class Tensor(MovementMixin, NNMixin):
       dtype = dtype or dtypes.from_py(data)
       try: data = np.array(data, dtype=np.float32 if dtype == dtypes.bfloat16 else dtype.np)
       except ValueError as error: raise ValueError(f"cannot make a tensor from ragged nested lists: {error}") from error
-    if not isinstance(data, np.ndarray): raise TypeError(f"cannot make a Tensor from {type(data).__name__}: use a number, a (nested) list or a numpy array")
+    if not isinstance(data, np.ndarray):
+      raise TypeError(f"cannot make a Tensor from {type(data).__name__}: use a number, a (nested) list or a numpy array")
     dtype = dtype or dtypes.from_np(data.dtype)
     if data.size == 0:  # no memory to fill: an empty buffer of the right shape
       self.lazydata = LazyBuffer.loadop(LoadOps.EMPTY, data.shape, dtype, device)
@@ -145,7 +147,8 @@ class Tensor(MovementMixin, NNMixin):
     """Values from start (inclusive) to stop (exclusive) by step, like torch.arange."""
     if stop is None: start, stop = 0, start
     if step == 0: raise ValueError("arange: step must be nonzero")
-    count = max(math.ceil((stop - start) / step), 0)
+    if (stop - start) * step < 0: raise RuntimeError(f"upper bound and lower bound inconsistent with step sign: arange({start}, {stop}, {step})")
+    count = math.ceil((stop - start) / step)
     dtype = kwargs.pop("dtype", dtypes.default_float if any(isinstance(v, float) for v in (start, stop, step)) else dtypes.default_int)
     if count == 0: return Tensor.empty(0, dtype=dtype, **kwargs)
     # a cumulative sum of `step`s through the pooling trick: no data is copied in
@@ -179,7 +182,7 @@ class Tensor(MovementMixin, NNMixin):
     return (Tensor.rand(*shape, **kwargs) * (high - low) + low).cast(dtype)
   @staticmethod
   def scaled_uniform(*shape: Any, **kwargs: Any) -> Tensor:
-    return Tensor.uniform(*shape, low=-1.0, high=1.0, **kwargs) * (prod(Tensor._shape(shape)) ** -0.5)
+    return Tensor.uniform(*shape, low=-1.0, high=1.0, **kwargs) * (max(prod(Tensor._shape(shape)), 1) ** -0.5)
   @staticmethod
   def glorot_uniform(*shape: Any, **kwargs: Any) -> Tensor:
     dims = Tensor._shape(shape)
@@ -240,12 +243,9 @@ class Tensor(MovementMixin, NNMixin):
   # ---- dtype ----
   def cast(self, dtype: DType) -> Tensor: return self if self.dtype == dtype else Tensor._apply(F.Cast, self, dtype=dtype)
   def bitcast(self, dtype: DType) -> Tensor:
-    if dtype.itemsize != self.dtype.itemsize: raise ValueError(f"bitcast needs dtypes of one size: {self.dtype} is {self.dtype.itemsize} bytes, {dtype} {dtype.itemsize}")
+    if dtype.itemsize != self.dtype.itemsize:
+      raise ValueError(f"bitcast needs dtypes of one size: {self.dtype} is {self.dtype.itemsize} bytes, {dtype} {dtype.itemsize}")
     return self if self.dtype == dtype else Tensor._apply(F.Cast, self, dtype=dtype, bitcast=True)
-  def float(self) -> Tensor: return self.cast(dtypes.float32)
-  def half(self) -> Tensor: return self.cast(dtypes.float16)
-  def int(self) -> Tensor: return self.cast(dtypes.int32)
-  def bool(self) -> Tensor: return self.cast(dtypes.bool)
   def contiguous(self) -> Tensor: return Tensor._apply(F.Contiguous, self)
   def contiguous_backward(self) -> Tensor: return Tensor._apply(F.ContiguousBackward, self)
 
@@ -323,7 +323,7 @@ class Tensor(MovementMixin, NNMixin):
     is_integral = power == power.trunc()
     is_odd = is_integral & ((power.abs() % 2) == 1)
     sign = (base < 0).where(is_integral.where(is_odd.where(-1.0, 1.0), math.nan), 1.0).cast(base.dtype)
-    result = (power == 0).where(1.0, magnitude * sign)
+    result = ((power == 0) | (base == 1)).where(1.0, magnitude * sign)  # 1 ** nan == nan ** 0 == 1, as in C and torch
     return result if dtypes.is_float(out_dtype) else result.round_half_even().cast(out_dtype)
 
   def __neg__(self) -> Tensor: return Tensor._apply(F.Neg, self) if self.dtype != dtypes.bool else self.logical_not()
@@ -352,8 +352,9 @@ class Tensor(MovementMixin, NNMixin):
   # ---- comparisons and logic (not differentiable) ----
   def __lt__(self, other: Any) -> Tensor: return Tensor._apply(F.Less, *self._broadcasted(other))
   def __gt__(self, other: Any) -> Tensor: return Tensor._apply(F.Less, *self._broadcasted(other, reverse=True))
-  def __le__(self, other: Any) -> Tensor: return (self > other).logical_not()
-  def __ge__(self, other: Any) -> Tensor: return (self < other).logical_not()
+  # not (x > y) would make NaN <= 1 true: a comparison with NaN is false, so <= is < or ==
+  def __le__(self, other: Any) -> Tensor: return (self < other) | (self == other)
+  def __ge__(self, other: Any) -> Tensor: return (self > other) | (self == other)
   def __eq__(self, other: Any) -> Tensor: return Tensor._apply(F.Eq, *self._broadcasted(other))  # type: ignore[override]
   def __ne__(self, other: Any) -> Tensor: return (self == other).logical_not()  # type: ignore[override]
   def logical_not(self) -> Tensor: return self.cast(dtypes.bool) ^ True
@@ -464,7 +465,7 @@ class Tensor(MovementMixin, NNMixin):
       return flat.argmax(0).reshape((1,) * self.ndim if keepdim else ())
     axis = normalize_axis(axis, self.ndim)
     size = self.shape[axis]
-    is_max = self == self.max(axis, keepdim=True)
+    is_max = (self == self.max(axis, keepdim=True)) | (self != self)  # max is NaN where there is one, and NaN is the max, as in torch
     descending = Tensor.arange(size, 0, -1, device=self.device).reshape((size,) + (1,) * (self.ndim - axis - 1))
     first = (is_max * descending).max(axis, keepdim)
     return (size - first).cast(dtypes.int32)
@@ -478,6 +479,13 @@ class Tensor(MovementMixin, NNMixin):
     moved = self.transpose(axis, -1)
     windows = moved.pad2d((size - 1, 0))._pool((size,))
     return windows.sum(-1).transpose(axis, -1)
+
+  # ---- casts named after builtins: last in the class, so that annotations above it (`-> bool`, `keepdim: bool`) mean the builtins ----
+  def float(self) -> Tensor: return self.cast(dtypes.float32)
+  def half(self) -> Tensor: return self.cast(dtypes.float16)
+  def int(self) -> Tensor: return self.cast(dtypes.int32)
+  def bool(self) -> Tensor: return self.cast(dtypes.bool)
+
 
 # float dtype -> (the magnitude from which every value is an integer, the integer dtype trunc goes through below it)
 TRUNC_VIA_INT: dict[DType, tuple[float, DType]] = {dtypes.float16: (2.0 ** 10, dtypes.int16), dtypes.bfloat16: (2.0 ** 7, dtypes.int16),

@@ -16,9 +16,13 @@ def normalize_axis(axis: int, ndim: int) -> int:
   return axis % ndim if ndim else 0
 
 class MovementMixin:
-  shape: tuple[int, ...]
-  ndim: int
-  def _apply(self, *args: Any, **kwargs: Any) -> Any: raise NotImplementedError  # provided by Tensor
+  # provided by Tensor
+  @property
+  def shape(self) -> tuple[int, ...]: raise NotImplementedError
+  @property
+  def ndim(self) -> int: raise NotImplementedError
+  @classmethod
+  def _apply(cls, *args: Any, **kwargs: Any) -> Any: raise NotImplementedError
 
   def reshape(self, *shape: Any) -> Any:
     """The same elements in a new shape; one dim may be -1."""

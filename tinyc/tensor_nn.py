@@ -9,19 +9,27 @@ def _pair(value: int | Sequence[int], count: int = 2) -> tuple[int, ...]:
   return (value,) * count if isinstance(value, int) else tuple(value)
 
 class NNMixin:
-  shape: tuple[int, ...]
-  ndim: int
-  dtype: Any
+  # provided by Tensor
+  @property
+  def shape(self) -> tuple[int, ...]: raise NotImplementedError
+  @property
+  def ndim(self) -> int: raise NotImplementedError
+  @property
+  def dtype(self) -> Any: raise NotImplementedError
 
   def dot(self, w: Any) -> Any:
     """Matrix product with PyTorch's rules for 1-D operands and batch broadcasting."""
     x: Any = self
     if x.ndim == 0 or w.ndim == 0: raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are {x.ndim}D and {w.ndim}D")
-    x_vec, w_vec = x.ndim == 1, w.ndim == 1
+    x_vec, w_vec, w_shape = x.ndim == 1, w.ndim == 1, w.shape
     if x_vec: x = x.reshape(1, x.shape[0])
     if w_vec: w = w.reshape(w.shape[0], 1)
     if x.shape[-1] != w.shape[-2]:
-      raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, self.shape))} and {'x'.join(map(str, w.shape))})")
+      raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, self.shape))} and {'x'.join(map(str, w_shape))})")
+    batch = max(x.ndim, w.ndim) - 2
+    x_batch, w_batch = (1,) * (batch - x.ndim + 2) + x.shape[:-2], (1,) * (batch - w.ndim + 2) + w.shape[:-2]
+    if any(a != b and 1 not in (a, b) for a, b in zip(x_batch, w_batch)):
+      raise RuntimeError(f"matmul: the batch dims of {self.shape} and {w_shape} do not broadcast")
     dtype = least_upper_dtype(x.dtype, w.dtype)
     x, w = x.cast(dtype), w.cast(dtype)
     # (..., n, 1, k) * (..., 1, m, k) summed over k: the multiply fuses into the reduce, one kernel
@@ -61,28 +69,30 @@ class NNMixin:
     result = product.sum(tuple(-1 - i for i in range(1 + len(kernel))), keepdim=True).reshape(batch, cout, *out_dims)
     return result if bias is None else result + bias.reshape(1, -1, *[1] * nd)
 
-  def max_pool2d(self, kernel_size: int | Sequence[int] = (2, 2), stride: int | Sequence[int] | None = None, dilation: int | Sequence[int] = 1) -> Any:
+  def max_pool2d(self: Any, kernel_size: int | Sequence[int] = (2, 2), stride: int | Sequence[int] | None = None,
+                 dilation: int | Sequence[int] = 1) -> Any:
     kernel = _pair(kernel_size)
-    return self._pool(kernel, stride if stride is not None else kernel, dilation).max(tuple(range(-len(kernel), 0)))  # type: ignore[attr-defined]
-  def avg_pool2d(self, kernel_size: int | Sequence[int] = (2, 2), stride: int | Sequence[int] | None = None, dilation: int | Sequence[int] = 1) -> Any:
+    return self._pool(kernel, stride if stride is not None else kernel, dilation).max(tuple(range(-len(kernel), 0)))
+  def avg_pool2d(self: Any, kernel_size: int | Sequence[int] = (2, 2), stride: int | Sequence[int] | None = None,
+                 dilation: int | Sequence[int] = 1) -> Any:
     kernel = _pair(kernel_size)
-    return self._pool(kernel, stride if stride is not None else kernel, dilation).mean(tuple(range(-len(kernel), 0)))  # type: ignore[attr-defined]
+    return self._pool(kernel, stride if stride is not None else kernel, dilation).mean(tuple(range(-len(kernel), 0)))
 
   # ---- activations ----
-  def tanh(self) -> Any: return 2.0 * ((2.0 * self).sigmoid()) - 1.0  # type: ignore[operator]
-  def elu(self, alpha: float = 1.0) -> Any: return self.relu() - alpha * (1 - self.exp()).relu()  # type: ignore[attr-defined,operator]
-  def celu(self, alpha: float = 1.0) -> Any: return self.maximum(0) + (alpha * ((self / alpha).exp() - 1)).minimum(0)  # type: ignore
-  def swish(self) -> Any: return self * self.sigmoid()  # type: ignore[attr-defined,operator]
-  def silu(self) -> Any: return self.swish()
-  def relu6(self) -> Any: return self.relu() - (self - 6).relu()  # type: ignore[attr-defined,operator]
-  def hardswish(self) -> Any: return self * (self + 3).relu6() * (1 / 6)  # type: ignore[operator]
-  def hardtanh(self, min_val: float = -1, max_val: float = 1) -> Any: return self.clip(min_val, max_val)  # type: ignore[attr-defined]
-  def gelu(self) -> Any: return 0.5 * self * (1 + (self * 0.7978845608 * (1 + 0.044715 * self * self)).tanh())  # type: ignore
-  def quick_gelu(self) -> Any: return self * (self * 1.702).sigmoid()  # type: ignore[operator]
-  def leakyrelu(self, neg_slope: float = 0.01) -> Any: return self.relu() - (-neg_slope * self).relu()  # type: ignore[attr-defined,operator]
-  def mish(self) -> Any: return self * self.softplus().tanh()  # type: ignore[operator]
-  def softplus(self, beta: float = 1) -> Any:
+  def tanh(self: Any) -> Any: return 2.0 * ((2.0 * self).sigmoid()) - 1.0
+  def elu(self: Any, alpha: float = 1.0) -> Any: return self.relu() - alpha * (1 - self.exp()).relu()
+  def celu(self: Any, alpha: float = 1.0) -> Any: return self.maximum(0) + (alpha * ((self / alpha).exp() - 1)).minimum(0)
+  def swish(self: Any) -> Any: return self * self.sigmoid()
+  def silu(self: Any) -> Any: return self.swish()
+  def relu6(self: Any) -> Any: return (self >= 6).where(6, self.relu())  # not relu(x) - relu(x - 6): inf - inf at x = inf
+  def hardswish(self: Any) -> Any: return self * (self + 3).relu6() * (1 / 6)
+  def hardtanh(self: Any, min_val: float = -1, max_val: float = 1) -> Any: return self.clip(min_val, max_val)
+  def gelu(self: Any) -> Any: return 0.5 * self * (1 + (self * 0.7978845608 * (1 + 0.044715 * self * self)).tanh())
+  def quick_gelu(self: Any) -> Any: return self * (self * 1.702).sigmoid()
+  def leakyrelu(self: Any, neg_slope: float = 0.01) -> Any: return self.relu() - (-neg_slope * self).relu()
+  def mish(self: Any) -> Any: return self * self.softplus().tanh()
+  def softplus(self: Any, beta: float = 1) -> Any:
     """log(1 + exp(beta x)) / beta, computed without overflow for large inputs."""
-    scaled = self * beta  # type: ignore[operator]
+    scaled = self * beta
     return (scaled.relu() + (-scaled.abs()).exp().add(1).log()) * (1 / beta)
-  def softsign(self) -> Any: return self / (1 + self.abs())  # type: ignore[attr-defined,operator]
+  def softsign(self: Any) -> Any: return self / (1 + self.abs())
