@@ -38,8 +38,6 @@ def test_promotion_beyond_torch_follows_numpy():
     if got != want: mismatches.append(f"{a.name} + {b.name}: {got.name}, numpy {want.name}")
   assert not mismatches, "\n".join(mismatches)
 
-@pytest.mark.xfail(reason="lower-layer bug: dtype.py promotes uint64 + a signed int to float16 (overflows past 65504); numpy: float64",
-                   strict=True)
 def test_promotion_uint64_signed():
   for signed in (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64):
     assert (Tensor.zeros(1, dtype=dtypes.uint64) + Tensor.zeros(1, dtype=signed)).dtype == dtypes.float64
@@ -125,8 +123,6 @@ def run_isolated(code: str) -> subprocess.CompletedProcess:
   """Run code in a fresh interpreter, for repros that crash the process (a crash must fail one test, not the test worker)."""
   return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=pathlib.Path(__file__).parent.parent)
 
-@pytest.mark.xfail(reason="lower-layer bug: LLVM renderer emits fptrunc double->half, a libcall (__truncdfhf2) MCJIT cannot resolve: segfault",
-                   strict=True)
 def test_cast_float64_to_float16():
   proc = run_isolated("from tinyc import Tensor, dtypes; print(Tensor([1.5, -3.7], dtype=dtypes.float64).cast(dtypes.float16).numpy().tolist())")
   assert proc.returncode == 0, f"crashed with exit code {proc.returncode}: {proc.stderr[-500:]}"

@@ -87,7 +87,6 @@ def test_nan_inf(dtype):
     want = torch_fn(torch.tensor(values, dtype=TORCH_DTYPE[dtype]))
     compare(tiny_fn(Tensor(values, dtype=dtype)), want, atol=1e-6, rtol=2e-3, input_dtypes=[dtype])
 
-@pytest.mark.xfail(reason="lower-layer bug: LLVM fast-math (arcp/afn) turns 1/sqrt(0) into rsqrt approximation giving nan, not inf", strict=True)
 def test_rsqrt_zero():
   np.testing.assert_equal(Tensor([0.0, 4.0]).rsqrt().numpy(), [math.inf, 0.5])
 

@@ -157,3 +157,24 @@ def test_assign_reading_itself_through_another_view_uses_a_temporary():
   np.testing.assert_allclose(ta.numpy(), a.T + 1)
   ta.assign(ta.flip(0))
   np.testing.assert_allclose(ta.numpy(), np.flip(a.T + 1, 0))
+
+def test_reducing_a_zero_size_axis_gives_the_identity():
+  # found by the op suite: the linearizer got a reduce loop of size 0. The scheduler now folds it to a constant.
+  from tinyc.lazy import LazyBuffer
+  from tinyc.ops import LoadOps, ReduceOps
+  from tinyc.dtype import dtypes
+  empty = LazyBuffer.loadop(LoadOps.EMPTY, (0, 3), dtypes.float32, "LLVM")
+  for op, expected in ((ReduceOps.SUM, 0.0), (ReduceOps.MAX, -np.inf)):
+    out = Tensor(empty.reduce(op, (0,)))
+    assert kernels_for(out) == 1
+    np.testing.assert_equal(out.numpy(), np.full((1, 3), expected, np.float32))
+
+def test_second_assign_before_realize_still_writes_in_place():
+  # found by nn.state's tied weights: the second assign replaced the tensor instead of writing into its memory
+  t = Tensor([1.0, 2.0]).realize()
+  memory = t.lazydata.realized
+  t.assign(t + 1)
+  t.assign(t * 10)
+  t.realize()
+  assert t.lazydata.base.realized is memory
+  np.testing.assert_equal(t.numpy(), [20.0, 30.0])

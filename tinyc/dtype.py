@@ -85,7 +85,10 @@ def _ancestors(dtype: DType) -> frozenset[DType]:
 
 def least_upper_dtype(*ds: DType) -> DType:
   """The dtype PyTorch computes in when tensors of these dtypes meet in one op."""
-  return min(frozenset.intersection(*[_ancestors(d) for d in ds])) if len(ds) > 1 else ds[0]
+  if len(ds) == 1: return ds[0]
+  meet = min(frozenset.intersection(*[_ancestors(d) for d in ds]))
+  # uint64 with a signed int has no integer home: PyTorch refuses, numpy uses float64 (the lattice would say float16)
+  return dtypes.float64 if dtypes.is_float(meet) and not any(dtypes.is_float(d) for d in ds) else meet
 
 def least_upper_float(dtype: DType) -> DType:
   """The float dtype an op like exp or division gives for this input: itself if it is a float, else the default float."""

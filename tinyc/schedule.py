@@ -16,6 +16,7 @@ The rules, each held by a test that counts kernels:
 """
 from __future__ import annotations
 import heapq, sys
+from tinyc.dtype import dtypes
 from tinyc.helpers import prod
 from tinyc.ops import (BufferOps, ConstBuffer, ElementwiseOps, LazyOp, LoadOps, MemBuffer, ReduceOps, ScheduleItem, UNSAFE_PAD_OPS)
 from tinyc.shape.shapetracker import ShapeTracker
@@ -103,10 +104,13 @@ class KernelBuilder:
     if base is not self.root:
       if base.realized is not None or base in scheduler.realizes: return self._load(base, st)
       if base.op is LoadOps.CONST: return LazyOp(BufferOps.CONST, (), ConstBuffer(base.arg, base.dtype, st))
-      if isinstance(base.op, ReduceOps) and (shared or in_reduce or self.reduce_shape is not None or not _is_plain_reshape(st)): return self._realize(base, st)
+      fusable_reduce = not (shared or in_reduce or self.reduce_shape is not None or not _is_plain_reshape(st))
+      if isinstance(base.op, ReduceOps) and not fusable_reduce and prod(base.srcs[0].shape): return self._realize(base, st)
       if base.op in UNSAFE_PAD_OPS and _has_mask(st): return self._realize(base, st)
     elif base.op is LoadOps.CONST: return LazyOp(BufferOps.CONST, (), ConstBuffer(base.arg, base.dtype, st))
     shared = shared or (base is not self.root and scheduler.consumers.get(base, 0) > 1)
+    if isinstance(base.op, ReduceOps) and prod(base.srcs[0].shape) == 0:  # reducing nothing gives the reduce's identity
+      return LazyOp(BufferOps.CONST, (), ConstBuffer(0 if base.op is ReduceOps.SUM else dtypes.min(base.dtype), base.dtype, st))
     if isinstance(base.op, ReduceOps):
       self.reduce_shape = base.shape
       src = base.srcs[0]

@@ -114,6 +114,7 @@ class Tensor(MovementMixin, NNMixin):
     if x.shape != self.shape: raise ValueError(f"assign needs the same shape: {self.shape} vs {x.shape}")
     if x.device != self.device: raise RuntimeError(f"assign of a tensor on {x.device} into one on {self.device}: use .to() first")
     value, target = x.cast(self.dtype).lazydata, self.lazydata
+    if target.base is target and target.op is LoadOps.ASSIGN and target.realized is None: realize([target])  # the pending write lands first
     if target.base is target and target.realized is not None and value is not target:
       self.lazydata = target.assign(value.contiguous() if value.base is target else value)  # a view of itself is copied out first
     else: self.lazydata = value

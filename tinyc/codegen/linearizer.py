@@ -106,7 +106,8 @@ class Linearizer:
     kernel = self.kernel
     # one global per buffer number: a buffer read through two views is still one argument
     dtype_of_buffer = {buf.idx: buf.dtype for buf in kernel.bufs if isinstance(buf, MemBuffer)}
-    self.globals = {idx: self.uop(UOps.DEFINE_GLOBAL, dtype, (), (f"data{idx}", idx == 0), pure=False) for idx, dtype in sorted(dtype_of_buffer.items())}
+    self.globals = {idx: self.uop(UOps.DEFINE_GLOBAL, dtype, (), (f"data{idx}", idx == 0), pure=False)
+                    for idx, dtype in sorted(dtype_of_buffer.items())}
     global_idxs: list[Node] = [Variable(f"gidx{axis}", 0, size - 1) for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
     global_loops = [self.loop(f"gidx{axis}", size) for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
     reduced = None

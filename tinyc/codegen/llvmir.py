@@ -12,8 +12,9 @@ from tinyc.dtype import DType, dtypes
 from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
 from tinyc.codegen.uops import UOp, UOps
 
-# reassociation lets LLVM vectorize reductions; no nnan/ninf, so inf and NaN keep their meaning
-FAST_MATH = ("reassoc", "contract", "nsz", "arcp", "afn")
+# reassociation lets LLVM vectorize reductions; no nnan/ninf (inf and NaN keep their meaning), and no arcp/afn: those let
+# LLVM turn 1/sqrt(x) into an approximation that gives nan at 0
+FAST_MATH = ("reassoc", "contract", "nsz")
 
 def register_type(dtype: DType) -> ir.Type:
   """The LLVM type a value of `dtype` has in registers."""
@@ -86,6 +87,9 @@ def cast(builder: ir.IRBuilder, value: ir.Value, src: DType, dst: DType) -> ir.V
   if dst == dtypes.bool: return builder.fcmp_unordered("!=", value, ir.Constant(src_ty, 0)) if dtypes.is_float(src) else \
     builder.icmp_unsigned("!=", value, ir.Constant(src_ty, 0))
   if dtypes.is_float(src) and dtypes.is_float(dst):
+    if src == dtypes.float64 and dst == dtypes.float16:  # no instruction does this: LLVM would call __truncdfhf2, absent in-process
+      value, src_ty = builder.fptrunc(value, ir.FloatType()), ir.FloatType()
+      if dst_ty == src_ty: return value
     return builder.fpext(value, dst_ty) if _float_bits(src) < _float_bits(dst) else builder.fptrunc(value, dst_ty)
   if dtypes.is_float(dst): return builder.uitofp(value, dst_ty) if dtypes.is_unsigned(src) or src == dtypes.bool else builder.sitofp(value, dst_ty)
   if dtypes.is_float(src): return builder.fptoui(value, dst_ty) if dtypes.is_unsigned(dst) else builder.fptosi(value, dst_ty)
