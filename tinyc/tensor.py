@@ -2,27 +2,28 @@
 Movement/indexing lives in tensor_movement.py and network ops in tensor_nn.py (mixins). Imports every lower layer.
 """
 from __future__ import annotations
-import math, time
-from typing import Any, ClassVar, Iterable, Sequence
+import math
+from typing import Any, ClassVar, Iterable
 import numpy as np
 from tinyc.dtype import DType, dtypes, least_upper_dtype, least_upper_float, result_dtype_with_scalar
-from tinyc.helpers import argfix, prod
+from tinyc.helpers import prod
 from tinyc.ops import BinaryOps, LoadOps
 from tinyc.device import Device
 from tinyc.lazy import LazyBuffer
 from tinyc.realize import realize
 from tinyc import function as F
-from tinyc.tensor_movement import MovementMixin, normalize_axis
+from tinyc.tensor_movement import MovementMixin
 from tinyc.tensor_nn import NNMixin
+from tinyc.tensor_reduce import ReduceMixin
+from tinyc.tensor_create import CreationMixin
 
 Scalar = int | float | bool
 
-class Tensor(MovementMixin, NNMixin):
+class Tensor(CreationMixin, MovementMixin, ReduceMixin, NNMixin):
   """A lazy n-dimensional array: ops build a graph, realize()/numpy() run it as fused kernels."""
   __slots__ = ("lazydata", "requires_grad", "grad", "_ctx")
   training: ClassVar[bool] = False
   no_grad: ClassVar[bool] = False
-  _rng: ClassVar[np.random.Generator] = np.random.default_rng(int(time.time()))
 
   def __init__(self, data: Any, device: str | None = None, dtype: DType | None = None, requires_grad: bool | None = None) -> None:
     device = Device.canonicalize(device)
@@ -119,84 +120,6 @@ class Tensor(MovementMixin, NNMixin):
       self.lazydata = target.assign(value.contiguous() if value.base is target else value)  # a view of itself is copied out first
     else: self.lazydata = value
     return self
-
-  # ---- construction ----
-  @staticmethod
-  def _shape(shape: tuple[Any, ...]) -> tuple[int, ...]:
-    dims = argfix(*shape)
-    if not all(isinstance(d, int) and d >= 0 for d in dims): raise ValueError(f"a shape needs non-negative ints, got {dims}")
-    return dims
-  @staticmethod
-  def full(shape: Sequence[int] | int, fill_value: Scalar, **kwargs: Any) -> Tensor:
-    """A tensor of `shape` filled with `fill_value` (no memory until realized)."""
-    dims = Tensor._shape((shape,))
-    return Tensor(fill_value, **kwargs).reshape((1,) * len(dims)).expand(dims)
-  @staticmethod
-  def zeros(*shape: Any, **kwargs: Any) -> Tensor: return Tensor.full(Tensor._shape(shape), 0.0 if "dtype" not in kwargs else 0, **kwargs)
-  @staticmethod
-  def ones(*shape: Any, **kwargs: Any) -> Tensor: return Tensor.full(Tensor._shape(shape), 1.0 if "dtype" not in kwargs else 1, **kwargs)
-  @staticmethod
-  def empty(*shape: Any, device: str | None = None, dtype: DType | None = None, **kwargs: Any) -> Tensor:
-    dims, dtype = Tensor._shape(shape), dtype or dtypes.default_float
-    return Tensor(LazyBuffer.loadop(LoadOps.EMPTY, dims, dtype, Device.canonicalize(device)), device=device, **kwargs)
-  def full_like(self, fill_value: Scalar, **kwargs: Any) -> Tensor:
-    return Tensor.full(self.shape, fill_value, dtype=kwargs.pop("dtype", self.dtype), device=kwargs.pop("device", self.device), **kwargs)
-  def zeros_like(self, **kwargs: Any) -> Tensor: return self.full_like(0, **kwargs)
-  def ones_like(self, **kwargs: Any) -> Tensor: return self.full_like(1, **kwargs)
-  @staticmethod
-  def arange(start: Scalar, stop: Scalar | None = None, step: Scalar = 1, **kwargs: Any) -> Tensor:
-    """Values from start (inclusive) to stop (exclusive) by step, like torch.arange."""
-    if stop is None: start, stop = 0, start
-    if step == 0: raise ValueError("arange: step must be nonzero")
-    if (stop - start) * step < 0: raise RuntimeError(f"upper bound and lower bound inconsistent with step sign: arange({start}, {stop}, {step})")
-    count = math.ceil((stop - start) / step)
-    dtype = kwargs.pop("dtype", dtypes.default_float if any(isinstance(v, float) for v in (start, stop, step)) else dtypes.default_int)
-    if count == 0: return Tensor.empty(0, dtype=dtype, **kwargs)
-    # a cumulative sum of `step`s through the pooling trick: no data is copied in
-    steps = Tensor.full((count,), step, dtype=dtype, **kwargs).cumsum()
-    return steps + (start - step)
-  @staticmethod
-  def eye(n: int, m: int | None = None, **kwargs: Any) -> Tensor:
-    """The n x m identity matrix."""
-    m = n if m is None else m
-    return (Tensor.arange(n, **{k: v for k, v in kwargs.items() if k == "device"}).reshape(n, 1) ==
-            Tensor.arange(m, **{k: v for k, v in kwargs.items() if k == "device"}).reshape(1, m)).cast(kwargs.get("dtype", dtypes.default_float))
-  @staticmethod
-  def manual_seed(seed: int = 0) -> None:
-    """Make every later random tensor reproducible."""
-    Tensor._rng = np.random.default_rng(seed)
-  @staticmethod
-  def rand(*shape: Any, **kwargs: Any) -> Tensor:
-    """Uniform on [0, 1)."""
-    dtype = kwargs.pop("dtype", dtypes.default_float)
-    return Tensor(Tensor._rng.random(Tensor._shape(shape), dtype=np.float32), **kwargs).cast(dtype)
-  @staticmethod
-  def randn(*shape: Any, **kwargs: Any) -> Tensor:
-    """Standard normal."""
-    dtype = kwargs.pop("dtype", dtypes.default_float)
-    return Tensor(Tensor._rng.standard_normal(Tensor._shape(shape), dtype=np.float32), **kwargs).cast(dtype)
-  @staticmethod
-  def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, **kwargs: Any) -> Tensor: return Tensor.randn(*shape, **kwargs) * std + mean
-  @staticmethod
-  def uniform(*shape: Any, low: float = 0.0, high: float = 1.0, **kwargs: Any) -> Tensor:
-    dtype = kwargs.pop("dtype", dtypes.default_float)
-    return (Tensor.rand(*shape, **kwargs) * (high - low) + low).cast(dtype)
-  @staticmethod
-  def scaled_uniform(*shape: Any, **kwargs: Any) -> Tensor:
-    return Tensor.uniform(*shape, low=-1.0, high=1.0, **kwargs) * (max(prod(Tensor._shape(shape)), 1) ** -0.5)
-  @staticmethod
-  def glorot_uniform(*shape: Any, **kwargs: Any) -> Tensor:
-    dims = Tensor._shape(shape)
-    return Tensor.uniform(*dims, low=-1.0, high=1.0, **kwargs) * math.sqrt(6 / (dims[0] + prod(dims[1:])))
-  @staticmethod
-  def kaiming_uniform(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
-    dims = Tensor._shape(shape)
-    bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(dims[1:]))
-    return Tensor.uniform(*dims, low=-bound, high=bound, **kwargs)
-  @staticmethod
-  def kaiming_normal(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
-    dims = Tensor._shape(shape)
-    return Tensor.normal(*dims, mean=0.0, std=math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(dims[1:])), **kwargs)
 
   # ---- autograd ----
   @classmethod
@@ -413,73 +336,6 @@ class Tensor(MovementMixin, NNMixin):
     out = self.cast(least_upper_dtype(self.dtype, *[result_dtype_with_scalar(self.dtype, b) for b in (min_, max_) if b is not None]))
     out = out.maximum(min_) if min_ is not None else out
     return out.minimum(max_) if max_ is not None else out
-
-  # ---- reductions ----
-  def _reduce(self, function: type[F.Function], axis: int | Sequence[int] | None, keepdim: bool) -> Tensor:
-    axes = tuple(range(self.ndim)) if axis is None else tuple(normalize_axis(a, self.ndim) for a in argfix(axis))
-    if self.ndim == 0: return self
-    kept = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
-    if self.numel() == 0 and prod(kept) != 0:  # reducing away a zero-size dim: the identity, as torch gives for sum
-      if function is not F.Sum:
-        empty = next(i for i in axes if self.shape[i] == 0)
-        raise RuntimeError(f"max/min: Expected reduction dim {empty} to have non-zero size (shape {self.shape}); the extreme of nothing is undefined")
-      reduced = Tensor.zeros(kept, dtype=self.dtype, device=self.device)
-    else: reduced = Tensor._apply(function, self, axis=axes)
-    return reduced if keepdim else reduced.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
-  def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-    """Sum over axis; bools and ints below 32 bits (unsigned too) sum in int32 where torch uses int64, float16 in float32 (stored back
-    as float16)."""
-    source = self
-    if self.dtype == dtypes.bool or (dtypes.is_int(self.dtype) and self.dtype.itemsize < 4): source = self.cast(dtypes.default_int)
-    elif self.dtype in (dtypes.float16, dtypes.bfloat16): return self.float().sum(axis, keepdim).cast(self.dtype)
-    return source._reduce(F.Sum, axis, keepdim)
-  def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-    if self.dtype == dtypes.bool: return self.cast(dtypes.uint8).max(axis, keepdim).cast(dtypes.bool)
-    return self._reduce(F.Max, axis, keepdim)
-  def min(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-    if self.dtype == dtypes.bool: return self.logical_not().max(axis, keepdim).logical_not()
-    if dtypes.is_unsigned(self.dtype): return dtypes.max(self.dtype) - (dtypes.max(self.dtype) - self).max(axis, keepdim)
-    return -((-self).max(axis, keepdim))
-  def mean(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-    total = self._floating().sum(axis, keepdim)
-    count = prod(self.shape) // max(prod(total.shape), 1) if self.numel() else 0
-    return total / count if count else total * math.nan
-  def var(self, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: int = 1) -> Tensor:
-    x = self._floating()
-    squares = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
-    count = prod(x.shape) // max(prod(squares.shape), 1)
-    return squares / max(count - correction, 0)  # no degrees of freedom left: inf (or nan for 0/0), as torch gives
-  def std(self, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: int = 1) -> Tensor:
-    return self.var(axis, keepdim, correction).sqrt()
-  def softmax(self, axis: int = -1) -> Tensor:
-    x = self._floating()
-    shifted = (x - x.max(axis, keepdim=True)).exp()
-    return shifted / shifted.sum(axis, keepdim=True)
-  def log_softmax(self, axis: int = -1) -> Tensor:
-    x = self._floating()
-    shifted = x - x.max(axis, keepdim=True)
-    return shifted - shifted.exp().sum(axis, keepdim=True).log()
-  def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
-    """Index of the first maximum along axis (of the flattened tensor when axis is None)."""
-    if axis is None:
-      flat = self.flatten()
-      return flat.argmax(0).reshape((1,) * self.ndim if keepdim else ())
-    axis = normalize_axis(axis, self.ndim)
-    size = self.shape[axis]
-    is_max = (self == self.max(axis, keepdim=True)) | (self != self)  # max is NaN where there is one, and NaN is the max, as in torch
-    descending = Tensor.arange(size, 0, -1, device=self.device).reshape((size,) + (1,) * (self.ndim - axis - 1))
-    first = (is_max * descending).max(axis, keepdim)
-    return (size - first).cast(dtypes.int32)
-  def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
-    return (-self if self.dtype != dtypes.bool else self.logical_not()).argmax(axis, keepdim)
-  def cumsum(self, axis: int = 0) -> Tensor:
-    """Running sum along axis."""
-    axis = normalize_axis(axis, self.ndim) if self.ndim else 0
-    if self.ndim == 0: return self
-    size = self.shape[axis]
-    moved = self.transpose(axis, -1)
-    windows = moved.pad2d((size - 1, 0))._pool((size,))
-    return windows.sum(-1).transpose(axis, -1)
 
   # ---- casts named after builtins: last in the class, so that annotations above it (`-> bool`, `keepdim: bool`) mean the builtins ----
   def float(self) -> Tensor: return self.cast(dtypes.float32)

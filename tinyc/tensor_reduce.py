@@ -1,0 +1,77 @@
+"""Layer 6: Tensor reductions (a mixin of Tensor): sum, max, min, mean, var, std, softmax, argmax, cumsum. Each is one
+primitive reduce (SUM or MAX) plus elementwise ops, so it fuses with what surrounds it. Imports helpers, dtype, function.
+"""
+from __future__ import annotations
+import math
+from typing import Any, Sequence
+from tinyc.dtype import dtypes
+from tinyc.helpers import argfix, prod
+from tinyc import function as F
+from tinyc.tensor_movement import normalize_axis
+
+class ReduceMixin:
+  def _reduce(self: Any, function: type[F.Function], axis: int | Sequence[int] | None, keepdim: bool) -> Any:
+    axes = tuple(range(self.ndim)) if axis is None else tuple(normalize_axis(a, self.ndim) for a in argfix(axis))
+    if self.ndim == 0: return self
+    kept = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
+    if self.numel() == 0 and prod(kept) != 0:  # reducing away a zero-size dim: the identity, as torch gives for sum
+      if function is not F.Sum:
+        empty = next(i for i in axes if self.shape[i] == 0)
+        raise RuntimeError(f"max/min: Expected reduction dim {empty} to have non-zero size (shape {self.shape}); the extreme of nothing is undefined")
+      reduced = type(self).zeros(kept, dtype=self.dtype, device=self.device)
+    else: reduced = type(self)._apply(function, self, axis=axes)
+    return reduced if keepdim else reduced.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+  def sum(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:
+    """Sum over axis; bools and ints below 32 bits (unsigned too) sum in int32 where torch uses int64, float16 in float32 (stored back
+    as float16)."""
+    source = self
+    if self.dtype == dtypes.bool or (dtypes.is_int(self.dtype) and self.dtype.itemsize < 4): source = self.cast(dtypes.default_int)
+    elif self.dtype in (dtypes.float16, dtypes.bfloat16): return self.float().sum(axis, keepdim).cast(self.dtype)
+    return source._reduce(F.Sum, axis, keepdim)
+  def max(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:
+    if self.dtype == dtypes.bool: return self.cast(dtypes.uint8).max(axis, keepdim).cast(dtypes.bool)
+    return self._reduce(F.Max, axis, keepdim)
+  def min(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:
+    if self.dtype == dtypes.bool: return self.logical_not().max(axis, keepdim).logical_not()
+    if dtypes.is_unsigned(self.dtype): return dtypes.max(self.dtype) - (dtypes.max(self.dtype) - self).max(axis, keepdim)
+    return -((-self).max(axis, keepdim))
+  def mean(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:
+    total = self._floating().sum(axis, keepdim)
+    count = prod(self.shape) // max(prod(total.shape), 1) if self.numel() else 0
+    return total / count if count else total * math.nan
+  def var(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: int = 1) -> Any:
+    x = self._floating()
+    squares = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
+    count = prod(x.shape) // max(prod(squares.shape), 1)
+    return squares / max(count - correction, 0)  # no degrees of freedom left: inf (or nan for 0/0), as torch gives
+  def std(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: int = 1) -> Any:
+    return self.var(axis, keepdim, correction).sqrt()
+  def softmax(self: Any, axis: int = -1) -> Any:
+    x = self._floating()
+    shifted = (x - x.max(axis, keepdim=True)).exp()
+    return shifted / shifted.sum(axis, keepdim=True)
+  def log_softmax(self: Any, axis: int = -1) -> Any:
+    x = self._floating()
+    shifted = x - x.max(axis, keepdim=True)
+    return shifted - shifted.exp().sum(axis, keepdim=True).log()
+  def argmax(self: Any, axis: int | None = None, keepdim: bool = False) -> Any:
+    """Index of the first maximum along axis (of the flattened tensor when axis is None)."""
+    if axis is None:
+      flat = self.flatten()
+      return flat.argmax(0).reshape((1,) * self.ndim if keepdim else ())
+    axis = normalize_axis(axis, self.ndim)
+    size = self.shape[axis]
+    is_max = (self == self.max(axis, keepdim=True)) | (self != self)  # max is NaN where there is one, and NaN is the max, as in torch
+    descending = type(self).arange(size, 0, -1, device=self.device).reshape((size,) + (1,) * (self.ndim - axis - 1))
+    first = (is_max * descending).max(axis, keepdim)
+    return (size - first).cast(dtypes.int32)
+  def argmin(self: Any, axis: int | None = None, keepdim: bool = False) -> Any:
+    return (-self if self.dtype != dtypes.bool else self.logical_not()).argmax(axis, keepdim)
+  def cumsum(self: Any, axis: int = 0) -> Any:
+    """Running sum along axis."""
+    axis = normalize_axis(axis, self.ndim) if self.ndim else 0
+    if self.ndim == 0: return self
+    size = self.shape[axis]
+    moved = self.transpose(axis, -1)
+    windows = moved.pad2d((size - 1, 0))._pool((size,))
+    return windows.sum(-1).transpose(axis, -1)
