@@ -2,8 +2,10 @@
 compositions of primitive ops, so they fuse and differentiate for free. Imports helpers, dtype.
 """
 from __future__ import annotations
+import math
 from typing import Any, Callable, Sequence
-from tinyc.dtype import least_upper_dtype
+from tinyc.dtype import dtypes, least_upper_dtype
+from tinyc.helpers import flatten
 
 def _pair(value: int | Sequence[int], count: int = 2) -> tuple[int, ...]:
   return (value,) * count if isinstance(value, int) else tuple(value)
@@ -69,6 +71,25 @@ class NNMixin:
     result = product.sum(tuple(-1 - i for i in range(1 + len(kernel))), keepdim=True).reshape(batch, cout, *out_dims)
     return result if bias is None else result + bias.reshape(1, -1, *[1] * nd)
 
+  def conv_transpose2d(self: Any, weight: Any, bias: Any | None = None, groups: int = 1, stride: int | Sequence[int] = 1,
+                       dilation: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, output_padding: int | Sequence[int] = 0) -> Any:
+    """The gradient of conv2d with respect to its input, like torch.nn.functional.conv_transpose2d (weight: (in, out/groups, *kernel)):
+    spread the input out by `stride` with zeros, then a conv2d with the flipped, transposed kernel."""
+    kernel, trailing = weight.shape[2:], list(range(3, weight.ndim + 1))
+    if self.ndim != weight.ndim or self.shape[1] != weight.shape[0] or weight.shape[0] % groups:
+      raise RuntimeError(f"conv_transpose2d: input {self.shape} and weight {weight.shape} do not fit (groups={groups}): weight needs shape "
+                         f"(in, out/groups, *kernel) with in = {self.shape[1]}")
+    w = weight.reshape(groups, weight.shape[0] // groups, *weight.shape[1:]).permute(0, 2, 1, *trailing).flip(trailing)
+    strides, x = _pair(stride, len(kernel)), self
+    if any(s > 1 for s in strides):
+      x = x.reshape(*x.shape[:2], *flatten((size, 1) for size in x.shape[2:]))
+      x = x.pad(((0, 0), (0, 0), *flatten(((0, 0), (0, s - 1)) for s in strides)))
+      x = x.reshape(*x.shape[:2], *[size * s for size, s in zip(x.shape[2::2], strides)])
+      x = x.shrink(((0, x.shape[0]), (0, x.shape[1]), *[(0, size - (s - 1)) for size, s in zip(x.shape[2:], strides)]))
+    dilations, paddings, extras = _pair(dilation, len(kernel)), _pair(padding, len(kernel)), _pair(output_padding, len(kernel))
+    pads = flatten(((k - 1) * d - p, (k - 1) * d - p + e) for k, d, p, e in reversed(list(zip(kernel, dilations, paddings, extras))))
+    return x.conv2d(w.reshape(w.shape[0] * w.shape[1], *w.shape[2:]), groups=groups, bias=bias, dilation=dilation, padding=pads)
+
   def max_pool2d(self: Any, kernel_size: int | Sequence[int] = (2, 2), stride: int | Sequence[int] | None = None,
                  dilation: int | Sequence[int] = 1) -> Any:
     kernel = _pair(kernel_size)
@@ -77,6 +98,59 @@ class NNMixin:
                  dilation: int | Sequence[int] = 1) -> Any:
     kernel = _pair(kernel_size)
     return self._pool(kernel, stride if stride is not None else kernel, dilation).mean(tuple(range(-len(kernel), 0)))
+
+  # ---- normalization, regularization, attention ----
+  def layernorm(self: Any, axis: int | Sequence[int] = -1, eps: float = 1e-5) -> Any:
+    """Normalize to zero mean and unit variance over axis (no affine part: nn.LayerNorm adds it)."""
+    centered = self - self.mean(axis, keepdim=True)
+    return centered * (centered.square().mean(axis, keepdim=True) + eps).rsqrt()
+  def batchnorm(self: Any, weight: Any | None, bias: Any | None, mean: Any, invstd: Any) -> Any:
+    """(x - mean) * invstd * weight + bias with per-channel (axis 1) statistics."""
+    shape = (1, -1) + (1,) * (self.ndim - 2)
+    out = (self - mean.reshape(shape)) * (invstd.reshape(shape) if weight is None else (weight * invstd).reshape(shape))
+    return out + bias.reshape(shape) if bias is not None else out
+  def dropout(self: Any, p: float = 0.5) -> Any:
+    """Zero each element with probability p and scale the rest by 1/(1-p), in training only (Tensor.training)."""
+    if not type(self).training or p == 0: return self
+    if not 0 <= p <= 1: raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    keep = type(self).rand(*self.shape, device=self.device) >= p
+    return keep.where(self * (1 / (1 - p)) if p < 1 else self * 0, 0)
+  def triu(self: Any, k: int = 0) -> Any:
+    """Keep the elements on and above the k-th diagonal of the last two dims."""
+    rows, cols = self.shape[-2:]
+    upper = type(self).arange(rows, device=self.device).reshape(rows, 1) + k <= type(self).arange(cols, device=self.device).reshape(1, cols)
+    return upper.where(self, 0).cast(self.dtype)
+  def tril(self: Any, k: int = 0) -> Any:
+    """Keep the elements on and below the k-th diagonal of the last two dims."""
+    rows, cols = self.shape[-2:]
+    lower = type(self).arange(rows, device=self.device).reshape(rows, 1) + k >= type(self).arange(cols, device=self.device).reshape(1, cols)
+    return lower.where(self, 0).cast(self.dtype)
+  def scaled_dot_product_attention(self: Any, key: Any, value: Any, attn_mask: Any | None = None, dropout_p: float = 0.0,
+                                   is_causal: bool = False) -> Any:
+    """softmax(q @ k^T / sqrt(d) + mask) @ v, like torch.nn.functional.scaled_dot_product_attention (bool masks keep True)."""
+    if is_causal:
+      if attn_mask is not None: raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal, not both")
+      attn_mask = type(self).ones(self.shape[-2], key.shape[-2], dtype=dtypes.bool, device=self.device).tril()
+    scores = self @ key.transpose(-2, -1) * (1 / math.sqrt(self.shape[-1]))
+    if attn_mask is not None: scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype == dtypes.bool else scores + attn_mask
+    return scores.softmax(-1).dropout(dropout_p) @ value
+
+  # ---- losses ----
+  def binary_crossentropy(self: Any, y: Any) -> Any:
+    """Mean binary cross-entropy of probabilities self against targets y (log clamped at -100, as torch does)."""
+    return -(y * self.log().maximum(-100) + (1 - y) * (1 - self).log().maximum(-100)).mean()
+  def binary_crossentropy_logits(self: Any, y: Any) -> Any:
+    """Mean binary cross-entropy of logits: stable, never exponentiates a large positive number."""
+    return (self.relu() - y * self + (-self.abs()).exp().add(1).log()).mean()
+  def sparse_categorical_crossentropy(self: Any, y: Any, ignore_index: int = -1, label_smoothing: float = 0.0) -> Any:
+    """Mean cross-entropy of logits self (..., classes) against integer labels y (...); labels equal to ignore_index count for nothing."""
+    classes = self.shape[-1]
+    log_probs = self.log_softmax(-1)
+    counted = y != ignore_index
+    one_hot = (y.unsqueeze(-1) == type(self).arange(classes, device=self.device)) * counted.unsqueeze(-1)
+    picked = (log_probs * one_hot).sum()
+    smoothing = (log_probs.mean(-1) * counted).sum()
+    return -((1 - label_smoothing) * picked + label_smoothing * smoothing) / counted.sum()
 
   # ---- activations ----
   def tanh(self: Any) -> Any: return 2.0 * ((2.0 * self).sigmoid()) - 1.0
