@@ -62,3 +62,32 @@ def check(shapes: Sequence[tuple[int, ...]], torch_fn: Callable[..., Any], tinyc
   want = torch_fn(*[to_torch(a, dt) for a, dt in zip(arrays, dts)])
   got = (tinyc_fn or torch_fn)(*[to_tinyc(a, dt) for a, dt in zip(arrays, dts)])
   compare(got, want, atol, rtol, dts, out_dtype)
+
+def check_grad(inputs: Sequence[tuple[int, ...] | np.ndarray], torch_fn: Callable[..., Any], tinyc_fn: Callable[..., Any] | None = None,
+               atol: float = 1e-5, rtol: float = 1e-3, low: float = -2.0, high: float = 2.0, seed: int = 0) -> None:
+  """`check` through autograd. Each input is a shape (a random float32 leaf in [low, high)) or an array: a float array is a leaf with
+  those values, an int or bool array a constant (labels, masks). Compares the forward result, then backpropagates one random upstream
+  gradient w, `(out * w).sum().backward()` (random rather than ones, so a backward that permutes, flips or sums the wrong axis cannot
+  hide), and compares every leaf's .grad (shape, dtype, values) with torch's. An output may be a list (chunk): each gets its own w."""
+  arrays = [random_array(x, low=low, high=high, seed=seed + i) if isinstance(x, tuple) else x for i, x in enumerate(inputs)]
+  leaf = [np.issubdtype(a.dtype, np.floating) for a in arrays]
+  theirs = [torch.tensor(a, requires_grad=True) if is_leaf else torch.from_numpy(np.array(a)) for a, is_leaf in zip(arrays, leaf)]
+  ours = [Tensor(a, requires_grad=True) if is_leaf else Tensor(a) for a, is_leaf in zip(arrays, leaf)]
+  want, got = torch_fn(*theirs), (tinyc_fn or torch_fn)(*ours)
+  compare(got, want, atol, rtol, [t.dtype for t in ours])
+  wants, gots = (list(want), list(got)) if isinstance(want, (list, tuple)) else ([want], [got])
+  assert all(g.requires_grad for g in gots), "an op on a tensor that requires grad must give a result that requires grad"
+  rng = np.random.default_rng(seed + 100)
+  upstream = [rng.standard_normal(tuple(w.shape)).astype(np.float32) for w in wants]
+  sum(((w * torch.from_numpy(u)).sum() for w, u in zip(wants, upstream)), torch.zeros(())).backward()
+  loss = gots[0].mul(Tensor(upstream[0])).sum()
+  for g, u in zip(gots[1:], upstream[1:]): loss = loss + g.mul(Tensor(u)).sum()
+  loss.backward()
+  for i, (mine, reference) in enumerate(zip(ours, theirs)):
+    if not leaf[i]: continue
+    if reference.grad is None:
+      assert mine.grad is None or not mine.grad.numpy().any(), f"input {i}: torch has no gradient, tinyc has {mine.grad.numpy()}"
+      continue
+    assert mine.grad is not None, f"input {i} got no gradient (torch's: {reference.grad})"
+    try: compare(mine.grad, reference.grad, atol, rtol, [mine.dtype])
+    except AssertionError as error: raise AssertionError(f"gradient of input {i}: {error}") from None

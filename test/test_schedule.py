@@ -178,3 +178,19 @@ def test_second_assign_before_realize_still_writes_in_place():
   t.realize()
   assert t.lazydata.base.realized is memory
   np.testing.assert_equal(t.numpy(), [20.0, 30.0])
+
+def test_shared_value_read_through_an_expand_by_a_reduce_is_materialized():
+  # the relu-backward of a conv is read by both the weight-grad and the input-grad kernels, each through an expand;
+  # recomputing it would repeat it once per broadcast element (16*9 times per element in the digits CNN)
+  (g, h, x, w), (tg, th, tx, tw) = realized_inputs((8, 16), (8, 16), (8, 4), (4, 16))
+  shared = tg * (th > 0)                         # an elementwise value with two readers...
+  grad_x, grad_w = shared @ tw.T, tx.T @ shared  # ...each a reduce that reads it through an expand
+  assert kernels_for(grad_x, grad_w) == 3        # `shared` once, then the two reduces load it
+  np.testing.assert_allclose(grad_x.numpy(), (g * (h > 0)) @ w.T, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(grad_w.numpy(), x.T @ (g * (h > 0)), rtol=1e-5, atol=1e-5)
+
+def test_single_reader_through_an_expand_still_recomputes():
+  (x, w), (tx, tw) = realized_inputs((8, 16), (16, 4))
+  out = tx.relu() @ tw  # relu(x) is read once, through an expand: cheaper to recompute than to store and reload
+  assert kernels_for(out) == 1
+  np.testing.assert_allclose(out.numpy(), np.maximum(x, 0) @ w, rtol=1e-5, atol=1e-5)

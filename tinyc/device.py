@@ -11,7 +11,8 @@ import numpy as np
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import DEBUG, GlobalCounters, colored, getenv
 from tinyc.ops import LazyOp, MemBuffer
-from tinyc.codegen.kernel import Kernel
+from tinyc.codegen.kernel import Kernel, Opt
+from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.linearizer import Linearizer
 from tinyc.codegen.uops import UOps, UOp
 
@@ -102,13 +103,18 @@ class Compiled:
   """A backend: allocator + renderer (name, uops -> source) + compiler (name, source -> runnable) + a cache from AST to Program."""
   def __init__(self, name: str, allocator: Allocator, render: Callable[[str, list[UOp]], str], compile: Callable[[str, str], Callable[..., Any]]):
     self.name, self.allocator, self.render, self.compile = name, allocator, render, compile
-    self.programs: dict[LazyOp, Program] = {}
+    self.programs: dict[tuple[LazyOp, tuple[Opt, ...] | None], Program] = {}
     self._names: dict[str, int] = defaultdict(int)
 
-  def get_program(self, ast: LazyOp) -> Program:
-    if (program := self.programs.get(ast)) is not None: return program
+  def get_program(self, ast: LazyOp, opts: tuple[Opt, ...] | None = None) -> Program:
+    """The compiled program for `ast` with these Opts (None: the hand-coded heuristic's, or none with NOOPT=1)."""
+    if (program := self.programs.get((ast, opts))) is not None: return program
     kernel = Kernel(ast)
     kernel.print_ast()
+    if opts is None: hand_coded_optimizations(kernel)
+    else:
+      for opt in opts: kernel.apply_opt(opt)
+    if DEBUG >= 3: print(f"opts: {kernel.applied_opts}")
     uops = Linearizer(kernel).linearize()
     self._names[kernel.name] += 1
     name = kernel.name if self._names[kernel.name] == 1 else f"{kernel.name}n{self._names[kernel.name] - 1}"
@@ -119,7 +125,7 @@ class Compiled:
     if DEBUG >= 3: print(f"compiled {name} in {(time.perf_counter() - started) * 1e3:.2f} ms")
     flops = count_flops(uops)
     mem_bytes = sum(buf.st.real_size() * buf.dtype.itemsize for buf in kernel.bufs if isinstance(buf, MemBuffer))
-    self.programs[ast] = program = Program(name, self.name, run, flops, mem_bytes)
+    self.programs[(ast, opts)] = program = Program(name, self.name, run, flops, mem_bytes)
     return program
 
 def count_flops(uops: list[UOp]) -> int:

@@ -18,6 +18,11 @@ class Function:
   def backward(self, grad_output: LazyBuffer) -> Any: raise RuntimeError(f"{type(self).__name__} is not differentiable")
 
 class NonDifferentiable(Function):
+  """An op whose result carries no gradient (comparisons, integer math): as in torch, its result never requires grad, so a graph
+  through it (a where's condition, argmax) ends there instead of asking it for a backward."""
+  def __init__(self, device: str, needs_input_grad: list[bool | None]) -> None:
+    super().__init__(device, needs_input_grad)
+    self.requires_grad = False
   def backward(self, grad_output: LazyBuffer) -> Any:
     raise RuntimeError(f"element 0 of tensors does not require grad and does not have a grad_fn ({type(self).__name__} is not differentiable)")
 
@@ -36,6 +41,14 @@ class Cast(Function):
   def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
     if self.bitcast: raise RuntimeError("bitcast is not differentiable")
     return grad_output.cast(self.input_dtype)
+
+class ZeroGrad(Function):
+  """`value`, a piecewise-constant function of x computed without a graph (sign, trunc, floor, ceil): it stays in x's graph with
+  the zero gradient torch gives it, so backward through it works and adds nothing."""
+  def forward(self, x: LazyBuffer, value: LazyBuffer) -> LazyBuffer:
+    self.x = x
+    return value
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return self.x.const(0)
 
 # ---- unary ----
 class Neg(Function):

@@ -6,6 +6,7 @@ The rules, each held by a test that counts kernels:
   1. Elementwise ops fuse into whoever reads them, through any view (a movement op is a view, never a kernel).
   2. Recompute, don't materialize, an elementwise value read by several kernels: re-reading its inputs costs what reading a
      stored copy would, and it saves a write and a kernel. Inside one kernel a value is computed once (the linearizer dedups).
+     Except when a reduce reads it through an expand: that would recompute it once per broadcast element, so it is stored.
   3. A reduce is computed exactly once: it is materialized if several kernels read it, if it is read through anything but a
      plain reshape (softmax reads its max through an expand), or if its reader already has a reduce.
   4. A value seen through a pad is materialized first if it contains an op that does not map 0 to 0 (exp, log, 1/x, ...):
@@ -26,6 +27,7 @@ sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))  # graphs are walked 
 
 def _is_plain_reshape(st: ShapeTracker) -> bool: return len(st.views) == 1 and st.views[0].contiguous
 def _has_mask(st: ShapeTracker) -> bool: return any(view.mask is not None for view in st.views)
+def _has_expand(st: ShapeTracker) -> bool: return any(stride == 0 and size > 1 for view in st.views for stride, size in zip(view.strides, view.shape))
 
 class Scheduler:
   def __init__(self, outs: list[LazyBuffer]) -> None:
@@ -107,6 +109,7 @@ class KernelBuilder:
       fusable_reduce = not (shared or in_reduce or self.reduce_shape is not None or not _is_plain_reshape(st))
       if isinstance(base.op, ReduceOps) and not fusable_reduce and prod(base.srcs[0].shape): return self._realize(base, st)
       if base.op in UNSAFE_PAD_OPS and _has_mask(st): return self._realize(base, st)
+      if in_reduce and scheduler.consumers.get(base, 0) > 1 and _has_expand(st): return self._realize(base, st)
     elif base.op is LoadOps.CONST: return LazyOp(BufferOps.CONST, (), ConstBuffer(base.arg, base.dtype, st))
     shared = shared or (base is not self.root and scheduler.consumers.get(base, 0) > 1)
     if isinstance(base.op, ReduceOps) and prod(base.srcs[0].shape) == 0:  # reducing nothing gives the reduce's identity

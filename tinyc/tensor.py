@@ -13,13 +13,14 @@ from tinyc.lazy import LazyBuffer
 from tinyc.realize import realize
 from tinyc import function as F
 from tinyc.tensor_movement import MovementMixin
+from tinyc.tensor_index import IndexMixin
 from tinyc.tensor_nn import NNMixin
 from tinyc.tensor_reduce import ReduceMixin
 from tinyc.tensor_create import CreationMixin
 
 Scalar = int | float | bool
 
-class Tensor(CreationMixin, MovementMixin, ReduceMixin, NNMixin):
+class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
   """A lazy n-dimensional array: ops build a graph, realize()/numpy() run it as fused kernels."""
   __slots__ = ("lazydata", "requires_grad", "grad", "_ctx")
   training: ClassVar[bool] = False
@@ -125,8 +126,10 @@ class Tensor(CreationMixin, MovementMixin, ReduceMixin, NNMixin):
   @classmethod
   def _apply(cls, function: type[F.Function], *tensors: Tensor, **kwargs: Any) -> Tensor:
     context = function(tensors[0].device, [t.requires_grad for t in tensors])
-    result = cls(context.forward(*[t.lazydata for t in tensors], **kwargs), device=context.device, requires_grad=context.requires_grad)
-    if context.requires_grad and not Tensor.no_grad:
+    # under no_grad nothing is recorded and, as in torch, the result does not require grad (else it would collect a .grad like a leaf)
+    requires_grad = context.requires_grad and not Tensor.no_grad
+    result = cls(context.forward(*[t.lazydata for t in tensors], **kwargs), device=context.device, requires_grad=requires_grad)
+    if requires_grad:
       context.parents = tensors  # type: ignore[attr-defined]
       result._ctx = context
     return result
@@ -165,11 +168,14 @@ class Tensor(CreationMixin, MovementMixin, ReduceMixin, NNMixin):
     return self
 
   # ---- dtype ----
-  def cast(self, dtype: DType) -> Tensor: return self if self.dtype == dtype else Tensor._apply(F.Cast, self, dtype=dtype)
+  def cast(self, dtype: DType) -> Tensor:
+    if self.dtype == dtype: return self
+    # only floats carry gradients (as in torch): an int or bool result leaves the graph, so trunc's round trip through int is flat
+    return Tensor._apply(F.Cast, self if dtypes.is_float(dtype) else self.detach(), dtype=dtype)
   def bitcast(self, dtype: DType) -> Tensor:
     if dtype.itemsize != self.dtype.itemsize:
       raise ValueError(f"bitcast needs dtypes of one size: {self.dtype} is {self.dtype.itemsize} bytes, {dtype} {dtype.itemsize}")
-    return self if self.dtype == dtype else Tensor._apply(F.Cast, self, dtype=dtype, bitcast=True)
+    return self if self.dtype == dtype else Tensor._apply(F.Cast, self.detach(), dtype=dtype, bitcast=True)
   def contiguous(self) -> Tensor: return Tensor._apply(F.Contiguous, self)
   def contiguous_backward(self) -> Tensor: return Tensor._apply(F.ContiguousBackward, self)
 
@@ -235,7 +241,7 @@ class Tensor(CreationMixin, MovementMixin, ReduceMixin, NNMixin):
   def pow(self, exponent: Tensor | Scalar, reverse: bool = False) -> Tensor:
     """self ** exponent; a negative base works with integral exponents, like torch."""
     if not reverse and isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
-      if exponent == 0: return self.ones_like(dtype=result_dtype_with_scalar(self.dtype, exponent))
+      if exponent == 0: return self._flat(self.ones_like(dtype=result_dtype_with_scalar(self.dtype, exponent)))
       if exponent == 1: return self.cast(result_dtype_with_scalar(self.dtype, exponent))
       if exponent == 2: return self * self
       if exponent == 0.5: return self.sqrt()
@@ -308,15 +314,18 @@ class Tensor(CreationMixin, MovementMixin, ReduceMixin, NNMixin):
   def reciprocal(self) -> Tensor: return Tensor._apply(F.Reciprocal, self._floating())
   def square(self) -> Tensor: return self * self
   def abs(self) -> Tensor: return self.relu() + (-self).relu() if self.dtype != dtypes.bool and not dtypes.is_unsigned(self.dtype) else self
-  def sign(self) -> Tensor: return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
+  def sign(self) -> Tensor: return self._flat((self > 0).cast(self.dtype) - (self < 0).cast(self.dtype))
   def relu(self) -> Tensor: return Tensor._apply(F.Relu, self) if self.dtype != dtypes.bool else self
   def sigmoid(self) -> Tensor: return Tensor._apply(F.Sigmoid, self._floating())
   def trunc(self) -> Tensor:
     """Round toward zero. Values at or beyond 2**mantissa_bits are already integers, so they pass through unchanged; the rest
     round-trip through an integer type wide enough for them (and the threshold is representable in float16)."""
     if not dtypes.is_float(self.dtype): return self
-    threshold, int_dtype = TRUNC_VIA_INT[self.dtype]
-    return (self.abs() < threshold).where(self.cast(int_dtype).cast(self.dtype), self)
+    threshold, int_dtype, x = *TRUNC_VIA_INT[self.dtype], self.detach()
+    return self._flat((x.abs() < threshold).where(x.cast(int_dtype).cast(self.dtype), x))
+  def _flat(self, value: Tensor) -> Tensor:
+    """value, a piecewise-constant function of self computed without a graph, with torch's zero gradient to self."""
+    return Tensor._apply(F.ZeroGrad, self, value=value.lazydata) if self.requires_grad else value
   def floor(self) -> Tensor:
     truncated = self.trunc()
     return (truncated > self).where(truncated - 1, truncated)
@@ -334,8 +343,9 @@ class Tensor(CreationMixin, MovementMixin, ReduceMixin, NNMixin):
     if min_ is None and max_ is None: raise ValueError("clip needs at least one of min_ and max_")
     # torch: the result dtype comes from the tensor and both bounds together (int tensor, float bound -> float), before clamping
     out = self.cast(least_upper_dtype(self.dtype, *[result_dtype_with_scalar(self.dtype, b) for b in (min_, max_) if b is not None]))
-    out = out.maximum(min_) if min_ is not None else out
-    return out.minimum(max_) if max_ is not None else out
+    # where, not maximum/minimum: at a bound torch passes the whole gradient through, where maximum would split it in two
+    out = (out < min_).where(min_, out) if min_ is not None else out
+    return (out > max_).where(max_, out) if max_ is not None else out
 
   # ---- casts named after builtins: last in the class, so that annotations above it (`-> bool`, `keepdim: bool`) mean the builtins ----
   def float(self) -> Tensor: return self.cast(dtypes.float32)

@@ -1,4 +1,4 @@
-"""Layer 6: Tensor movement and indexing (a mixin of Tensor). Every op here is a view: no kernel, no copy.
+"""Layer 6: Tensor movement (a mixin of Tensor). Every op here is a view: no kernel, no copy. Indexing is in tensor_index.py.
 Imports helpers, dtype, function.
 """
 from __future__ import annotations
@@ -169,55 +169,6 @@ class MovementMixin:
     x = self._slice(keep + [(0, o * s) for o, s in zip(out_, s_)]).reshape(*batch, *flatten((o, s) for o, s in zip(out_, s_)))
     x = x._slice(keep + flatten(((0, o), (0, k)) for o, k in zip(out_, k_)))
     return x.permute(*range(nb), *[nb + i * 2 for i in range(len(k_))], *[nb + i * 2 + 1 for i in range(len(k_))])
-
-  def __getitem__(self, indices: Any) -> Any:
-    """Basic indexing: ints, slices with any step, None, Ellipsis, and tuples of them."""
-    items = list(indices) if isinstance(indices, tuple) else [indices]
-    for item in items:
-      if not (item is None or item is Ellipsis or isinstance(item, (int, slice))) or isinstance(item, bool):
-        raise IndexError(f"only integers, slices (`:`), ellipsis (`...`) and None are valid indices, got {type(item).__name__}")
-    if items.count(Ellipsis) > 1: raise IndexError("an index can only have a single ellipsis ('...')")
-    real = [item for item in items if item is not None and item is not Ellipsis]
-    if len(real) > self.ndim: raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
-    fill = [slice(None)] * (self.ndim - len(real))
-    items = (items[:items.index(Ellipsis)] + fill + items[items.index(Ellipsis) + 1:]) if Ellipsis in items else items + fill
-    bounds, steps, out_shape, dim = [], [], [], 0
-    for item in items:
-      if item is None:
-        out_shape.append(1)
-        continue
-      size = self.shape[dim]
-      if isinstance(item, int):
-        if not -size <= item < size: raise IndexError(f"index {item} is out of bounds for dimension {dim} with size {size}")
-        start = item % size
-        bounds.append((start, start + 1))
-        steps.append(1)
-      else:
-        start, stop, step = item.indices(size)
-        count = len(range(start, stop, step))
-        if count == 0: bounds.append((0, 0))
-        elif step > 0: bounds.append((start, start + (count - 1) * step + 1))
-        else: bounds.append((start + (count - 1) * step, start + 1))
-        steps.append(step if count > 1 else 1)
-        out_shape.append(count)
-      dim += 1
-    x = self.shrink(tuple(bounds))
-    if any(s != 1 for s in steps):
-      if any(s < 0 for s in steps): x = x.flip(tuple(i for i, s in enumerate(steps) if s < 0))
-      x = x._stride(tuple(abs(s) for s in steps))
-    return x.reshape(tuple(out_shape))
-
-  def _stride(self, steps: tuple[int, ...]) -> Any:
-    """Every steps[i]-th element along dim i (positive steps), as a reshape + shrink so it stays differentiable."""
-    x = self
-    for axis, step in enumerate(steps):
-      if step == 1: continue
-      size = x.shape[axis]
-      count = (size + step - 1) // step
-      x = x._slice([(0, s) if i != axis else (0, count * step) for i, s in enumerate(x.shape)])
-      x = x.reshape(x.shape[:axis] + (count, step) + x.shape[axis + 1:])
-      x = x.shrink(tuple((0, s) if i != axis + 1 else (0, 1) for i, s in enumerate(x.shape))).reshape(x.shape[:axis] + (count,) + x.shape[axis + 2:])
-    return x
 
 def _pair(value: int | Sequence[int], count: int) -> tuple[int, ...]:
   return (value,) * count if isinstance(value, int) else tuple(value)

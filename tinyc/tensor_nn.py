@@ -141,7 +141,7 @@ class NNMixin:
     return -(y * self.log().maximum(-100) + (1 - y) * (1 - self).log().maximum(-100)).mean()
   def binary_crossentropy_logits(self: Any, y: Any) -> Any:
     """Mean binary cross-entropy of logits: stable, never exponentiates a large positive number."""
-    return (self.relu() - y * self + (-self.abs()).exp().add(1).log()).mean()
+    return (self.softplus() - y * self).mean()
   def sparse_categorical_crossentropy(self: Any, y: Any, ignore_index: int = -1, label_smoothing: float = 0.0) -> Any:
     """Mean cross-entropy of logits self (..., classes) against integer labels y (...); labels equal to ignore_index count for nothing."""
     classes = self.shape[-1]
@@ -154,19 +154,26 @@ class NNMixin:
 
   # ---- activations ----
   def tanh(self: Any) -> Any: return 2.0 * ((2.0 * self).sigmoid()) - 1.0
-  def elu(self: Any, alpha: float = 1.0) -> Any: return self.relu() - alpha * (1 - self.exp()).relu()
-  def celu(self: Any, alpha: float = 1.0) -> Any: return self.maximum(0) + (alpha * ((self / alpha).exp() - 1)).minimum(0)
+  def elu(self: Any, alpha: float = 1.0) -> Any: return self._exp_linear(alpha, 1.0)
+  def celu(self: Any, alpha: float = 1.0) -> Any: return self._exp_linear(alpha, 1 / alpha)
+  def _exp_linear(self: Any, alpha: float, scale: float) -> Any:
+    """x where x > 0, else alpha * (exp(scale * x) - 1), with torch's slope alpha * scale at 0. exp only ever sees x <= 0: an exp(x)
+    that overflows to inf in the unused branch would still make an inf * 0 = nan gradient."""
+    negative = (self > 0).where(0, self)
+    return (self > 0).where(self, alpha * ((negative * scale).exp() - 1))
   def swish(self: Any) -> Any: return self * self.sigmoid()
   def silu(self: Any) -> Any: return self.swish()
   def relu6(self: Any) -> Any: return (self >= 6).where(6, self.relu())  # not relu(x) - relu(x - 6): inf - inf at x = inf
   def hardswish(self: Any) -> Any: return self * (self + 3).relu6() * (1 / 6)
-  def hardtanh(self: Any, min_val: float = -1, max_val: float = 1) -> Any: return self.clip(min_val, max_val)
+  def hardtanh(self: Any, min_val: float = -1, max_val: float = 1) -> Any:
+    """clip(min_val, max_val), but (as torch) with zero gradient at the bounds themselves, where clip passes it through."""
+    return (self <= min_val).where(min_val, (self >= max_val).where(max_val, self))
   def gelu(self: Any) -> Any: return 0.5 * self * (1 + (self * 0.7978845608 * (1 + 0.044715 * self * self)).tanh())
   def quick_gelu(self: Any) -> Any: return self * (self * 1.702).sigmoid()
-  def leakyrelu(self: Any, neg_slope: float = 0.01) -> Any: return self.relu() - (-neg_slope * self).relu()
+  def leakyrelu(self: Any, neg_slope: float = 0.01) -> Any: return (self > 0).where(self, self * neg_slope)  # slope neg_slope at 0, as torch
   def mish(self: Any) -> Any: return self * self.softplus().tanh()
   def softplus(self: Any, beta: float = 1) -> Any:
     """log(1 + exp(beta x)) / beta, computed without overflow for large inputs."""
-    scaled = self * beta
-    return (scaled.relu() + (-scaled.abs()).exp().add(1).log()) * (1 / beta)
+    scaled = self * beta  # maximum (not relu) splits its gradient at 0, which makes the slope there sigmoid(0) = 1/2
+    return (scaled.maximum(0) + (-scaled.abs()).exp().add(1).log()) * (1 / beta)
   def softsign(self: Any) -> Any: return self / (1 + self.abs())

@@ -1,13 +1,33 @@
 """Layer 3: Kernel, one AST with a ShapeTracker per buffer and the layout of its axes. Imports helpers, dtype, ops, shape/.
 
-Axis layout of `full_shape`: [global axes | reduce axes]. Every buffer's tracker has the same number of dims; the output
-(and anything read after the reduce) has size 1 in the reduce axes. Optimizations (a later issue) reshape and permute all
-trackers at once, so the layout stays the single source of truth.
+Axis layout of `full_shape`: [global axes | reduce axes | upcast axes]. Every buffer's tracker has the same number of dims;
+the output (and anything read after the reduce) has size 1 in the reduce axes. The last `upcasted` axes are unrolled into
+straight-line code: an output axis there (UPCAST) gives each lane its own accumulator and store, a reduce axis (UNROLL)
+adds several elements per loop trip. Every optimization is an `Opt` applied by `apply_opt`, which reshapes and permutes
+all trackers at once, so the layout stays the single source of truth and a kernel's optimization is a replayable list.
 """
 from __future__ import annotations
+from dataclasses import dataclass
+from enum import Enum, auto
 from tinyc.helpers import DEBUG, dedup, prod, to_function_name
 from tinyc.ops import BufferOps, ConstBuffer, LazyOp, MemBuffer, ReduceOps
 from tinyc.shape.shapetracker import ShapeTracker
+
+class OptOps(Enum):
+  UPCAST = auto()  # unroll a global axis by `amount` (0: all of it): register tiling, vectorizable lanes
+  UNROLL = auto()  # unroll a reduce axis by `amount` (0: all of it); `axis` counts from the first reduce axis
+
+@dataclass(frozen=True)
+class Opt:
+  op: OptOps
+  axis: int
+  amount: int
+  def __repr__(self) -> str: return f"Opt({self.op.name}, {self.axis}, {self.amount})"
+
+class KernelOptError(ValueError):
+  """An Opt that does not apply to this kernel; the kernel is left as it was."""
+
+MAX_UPCAST = 64  # lanes of straight-line code per loop trip: beyond this, code size and register spills cost more than reuse saves
 
 class Kernel:
   def __init__(self, ast: LazyOp) -> None:
@@ -24,6 +44,8 @@ class Kernel:
     assert len(ndims) == 1, f"every buffer of a kernel needs the same number of dims, got shapes {[st.shape for st in self.sts]}"
     # the reduce's input has the full shape; its output (= the kernel's output) has 1 in each reduced axis
     self.full_shape: tuple[int, ...] = max((st.shape for st in self.sts), key=prod) if self.reduceop is None else self._reduce_input_shape()
+    self.upcasted = 0
+    self.applied_opts: list[Opt] = []
     self._move_reduce_axes_last()
     self._drop_size_one_axes()
     self._merge_adjacent_axes()
@@ -39,8 +61,11 @@ class Kernel:
   def shape_len(self) -> int: return len(self.full_shape)
   @property
   def first_reduce(self) -> int:
-    """Index of the first reduce axis (== shape_len when there is no reduce)."""
-    return next((axis for axis, (full, out) in enumerate(zip(self.full_shape, self.output_shape)) if full != out), self.shape_len)
+    """Index of the first reduce axis before the upcast axes (== shape_len - upcasted when there is none)."""
+    loops = self.shape_len - self.upcasted
+    return next((axis for axis, (full, out) in enumerate(zip(self.full_shape[:loops], self.output_shape)) if full != out), loops)
+  @property
+  def upcast_size(self) -> int: return prod(self.full_shape[self.shape_len - self.upcasted:])
   @property
   def global_dims(self) -> int: return self.first_reduce
 
@@ -55,12 +80,35 @@ class Kernel:
     if new_shape_fn is not None: self.full_shape = tuple(new_shape_fn(self.full_shape))
     if order is not None: self.full_shape = tuple(self.full_shape[i] for i in order)
 
+  def shift_to(self, axis: int, amount: int) -> None:
+    """Split `axis` into (size // amount, amount) and move the `amount` part to the end (it becomes the last upcast axis)."""
+    def split(shape: tuple[int, ...]) -> list[int]:
+      part = amount if shape[axis] != 1 else 1  # the output and epilogue buffers have size 1 on reduce axes
+      return list(shape[:axis]) + [shape[axis] // part, part] + list(shape[axis + 1:])
+    self.reshape_and_permute(split, tuple(i for i in range(self.shape_len + 1) if i != axis + 1) + (axis + 1,))
+
+  def apply_opt(self, opt: Opt) -> None:
+    """Apply one optimization, or raise KernelOptError and change nothing."""
+    axis = opt.axis + (self.first_reduce if opt.op is OptOps.UNROLL else 0)
+    allowed = range(0, self.first_reduce) if opt.op is OptOps.UPCAST else range(self.first_reduce, self.shape_len - self.upcasted)
+    if axis not in allowed: raise KernelOptError(f"{opt}: axis {opt.axis} is not one of this kernel's {opt.op.name.lower()}able axes {allowed}")
+    size = self.full_shape[axis]
+    amount = size if opt.amount == 0 else opt.amount
+    if amount <= 1 or size % amount: raise KernelOptError(f"{opt}: amount {amount} must be > 1 and divide the axis size {size}")
+    if self.upcast_size * amount > MAX_UPCAST:
+      raise KernelOptError(f"{opt}: {self.upcast_size * amount} lanes is over the limit of {MAX_UPCAST}; use a smaller amount")
+    self.shift_to(axis, amount)
+    if amount == size: self._drop_size_one_axes()
+    self.upcasted += 1
+    self.applied_opts.append(opt)
+
   def _move_reduce_axes_last(self) -> None:
     kept = [axis for axis, (full, out) in enumerate(zip(self.full_shape, self.output_shape)) if full == out]
     reduced = [axis for axis, (full, out) in enumerate(zip(self.full_shape, self.output_shape)) if full != out]
     if reduced and kept + reduced != list(range(self.shape_len)): self.reshape_and_permute(None, tuple(kept + reduced))
 
   def _drop_size_one_axes(self) -> None:
+    """Drop size-1 axes; upcast axes are never size 1, so the upcast count stays right."""
     if 1 not in self.full_shape: return
     keep = [axis for axis, size in enumerate(self.full_shape) if size != 1] or [0]
     self.reshape_and_permute(lambda shape: [shape[axis] for axis in keep], None)
@@ -77,6 +125,7 @@ class Kernel:
   def _can_merge(self, axis: int) -> bool:
     reduce_start = self.first_reduce
     if (axis < reduce_start) != (axis + 1 < reduce_start): return False  # never merge a global axis into a reduce axis
+    if axis + 1 >= self.shape_len - self.upcasted: return False  # upcast axes stay as they are
     for st in self.sts:
       view = st.views[-1]
       if view.mask is not None and (view.mask[axis] != (0, view.shape[axis]) or view.mask[axis + 1] != (0, view.shape[axis + 1])): return False
@@ -89,6 +138,7 @@ class Kernel:
     prefix = "r" if self.reduceop is not None else "E"
     sizes = [str(size) for size in self.full_shape]
     if self.reduceop is not None: sizes.insert(self.first_reduce, "")
+    if self.upcasted: sizes.insert(self.shape_len - self.upcasted + (self.reduceop is not None), "")
     return to_function_name(f"{prefix}_{'_'.join(sizes)}".replace("__", "_"))
 
   def print_ast(self) -> None:

@@ -5,9 +5,10 @@ Equal pure UOps are made once (common-subexpression elimination) and constant op
 A UOp made inside a loop is only reused inside that loop, so every renderer can scope variables by loop.
 """
 from __future__ import annotations
+import itertools
 from typing import Any, Callable, cast
 from tinyc.dtype import DType, dtypes
-from tinyc.helpers import DEBUG
+from tinyc.helpers import DEBUG, prod
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, ReduceOps, TernaryOps, UnaryOps
 from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable
 from tinyc.codegen.kernel import Kernel
@@ -55,11 +56,17 @@ class Linearizer:
     if value.op is UOps.CONST: return self.const(value.arg, dtype)
     return self.uop(UOps.CAST, dtype, (value,))
 
-  def loop(self, name: str, size: int) -> UOp:
-    loop = self.uop(UOps.LOOP, self.index_dtype, (self.const(0, self.index_dtype), self.const(size, self.index_dtype)), name, pure=False)
+  def loop(self, name: str, size: int, axis: int) -> UOp:
+    bounds = (self.const(0, self.index_dtype), self.const(size, self.index_dtype))
+    loop = self.uop(UOps.LOOP, self.index_dtype, bounds, (name, self._unit_stride(axis)), pure=False)
     self.loop_uops[name] = loop
     self._scopes.append([])
     return loop
+
+  def _unit_stride(self, axis: int) -> bool:
+    """Whether every buffer moves by 0 or 1 elements per step of `axis`: only then is vectorizing the loop's trips cheap
+    (otherwise it takes gathers, and vectorizing across the upcast lanes is the better plan)."""
+    return all(st.real_strides()[axis] in (0, 1) for st, buf in zip(self.kernel.sts, self.kernel.bufs) if isinstance(buf, MemBuffer))
 
   def end(self, loop: UOp) -> None:
     self.uop(UOps.END, None, (loop,), pure=False)
@@ -92,15 +99,22 @@ class Linearizer:
     src = (self.globals[buf.idx], self.index(index)) + ((valid_uop,) if valid_uop is not None else ())
     return self.uop(UOps.LOAD, buf.dtype, src)
 
-  def parse(self, node: LazyOp, idxs: list[Node], reduced: UOp | None) -> UOp:
-    if node.op in (BufferOps.LOAD, BufferOps.CONST): return self.load(node.arg, idxs)
+  def parse(self, node: LazyOp, lanes: list[list[Node]], reduced: list[UOp] | None) -> list[UOp]:
+    """The values of `node`, one per upcast lane (each lane is a list of per-axis index expressions)."""
+    if node.op in (BufferOps.LOAD, BufferOps.CONST): return [self.load(node.arg, idxs) for idxs in lanes]
     if node.op in ReduceOps:
-      assert reduced is not None, "the reduce's value is read before it was computed"
+      assert reduced is not None and len(reduced) == len(lanes), "the reduce's value is read before it was computed"
       return reduced
-    srcs = [self.parse(src, idxs, reduced) for src in node.src]
-    if node.op is UnaryOps.CAST: return self.cast(srcs[0], node.arg)
-    if node.op is UnaryOps.BITCAST: return self.uop(UOps.BITCAST, node.arg, (srcs[0],))
-    return self.alu(node.op, node.dtype, *srcs)
+    srcs = [self.parse(src, lanes, reduced) for src in node.src]
+    if node.op is UnaryOps.CAST: return [self.cast(value, node.arg) for value in srcs[0]]
+    if node.op is UnaryOps.BITCAST: return [self.uop(UOps.BITCAST, node.arg, (value,)) for value in srcs[0]]
+    return [self.alu(node.op, node.dtype, *values) for values in zip(*srcs)]
+
+  def lanes(self, loop_idxs: list[Node], upcast_axes: list[int], fixed: dict[int, int]) -> list[list[Node]]:
+    """Index lists for every combination of the upcast axes' values (axes in `fixed` hold one value instead)."""
+    kernel = self.kernel
+    ranges = [[fixed[axis]] if axis in fixed else list(range(kernel.full_shape[axis])) for axis in upcast_axes]
+    return [loop_idxs + [NumNode(v) for v in values] for values in itertools.product(*ranges)]
 
   def linearize(self) -> list[UOp]:
     kernel = self.kernel
@@ -109,32 +123,46 @@ class Linearizer:
     self.globals = {idx: self.uop(UOps.DEFINE_GLOBAL, dtype, (), (f"data{idx}", idx == 0), pure=False)
                     for idx, dtype in sorted(dtype_of_buffer.items())}
     global_idxs: list[Node] = [Variable(f"gidx{axis}", 0, size - 1) for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
-    global_loops = [self.loop(f"gidx{axis}", size) for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
-    reduced = None
-    if (reduceop := kernel.reduceop) is not None:
-      reduced = self.reduce(reduceop, global_idxs)
-    output_idxs = global_idxs + [NumNode(0)] * (kernel.shape_len - kernel.first_reduce)
-    value = self.parse(kernel.ast.src[0], output_idxs, reduced)
-    index, valid = kernel.sts[0].expr_idxs(output_idxs)
-    assert valid.min == 1, f"the output must be written everywhere, its validity is {valid}"
-    self.uop(UOps.STORE, None, (self.globals[0], self.index(index), self.cast(value, kernel.bufs[0].dtype)), pure=False)
+    global_loops = [self.loop(f"gidx{axis}", size, axis) for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
+    upcast_axes = list(range(kernel.shape_len - kernel.upcasted, kernel.shape_len))
+    unrolled_reduce_axes = {axis: 0 for axis in upcast_axes if kernel.output_shape[axis] != kernel.full_shape[axis]}
+    reduce_loop_count = kernel.shape_len - kernel.upcasted - kernel.first_reduce
+    # after the reduce (and in a kernel without one) the reduce axes read index 0: the output has size 1 there
+    output_lanes = self.lanes(global_idxs + [NumNode(0)] * reduce_loop_count, upcast_axes, unrolled_reduce_axes)
+    reduced = self.reduce(kernel.reduceop, global_idxs, upcast_axes, unrolled_reduce_axes) if kernel.reduceop is not None else None
+    values = self.parse(kernel.ast.src[0], output_lanes, reduced)
+    for idxs, value in zip(output_lanes, values):
+      index, valid = kernel.sts[0].expr_idxs(idxs)
+      assert valid.min == 1, f"the output must be written everywhere, its validity is {valid}"
+      self.uop(UOps.STORE, None, (self.globals[0], self.index(index), self.cast(value, kernel.bufs[0].dtype)), pure=False)
     for loop in reversed(global_loops): self.end(loop)
     if DEBUG >= 5:
       for uop in self.uops: print(uop)
     return self.uops
 
-  def reduce(self, reduceop: LazyOp, global_idxs: list[Node]) -> UOp:
+  def reduce(self, reduceop: LazyOp, global_idxs: list[Node], upcast_axes: list[int], unrolled: dict[int, int]) -> list[UOp]:
+    """Accumulate the reduce's input over the reduce loops; one accumulator per output lane. Returns their final values."""
     kernel, dtype, op = self.kernel, reduceop.dtype, cast(ReduceOps, reduceop.op)
-    start = {ReduceOps.SUM: 0, ReduceOps.MAX: dtypes.min(dtype)}[op]
-    acc = self.uop(UOps.DEFINE_ACC, dtype, (), cast_python_value(start, dtype), pure=False)
-    reduce_axes = range(kernel.first_reduce, kernel.shape_len)
+    start = cast_python_value({ReduceOps.SUM: 0, ReduceOps.MAX: dtypes.min(dtype)}[op], dtype)
+    output_lane_count = prod(kernel.full_shape[axis] for axis in upcast_axes if axis not in unrolled)
+    accs = [self.uop(UOps.DEFINE_ACC, dtype, (), start, pure=False) for _ in range(output_lane_count)]
+    reduce_axes = range(kernel.first_reduce, kernel.shape_len - kernel.upcasted)
     reduce_idxs: list[Node] = [Variable(f"ridx{axis}", 0, kernel.full_shape[axis] - 1) for axis in reduce_axes]
-    reduce_loops = [self.loop(f"ridx{axis}", kernel.full_shape[axis]) for axis in reduce_axes]
-    value = self.parse(reduceop.src[0], global_idxs + reduce_idxs, None)
-    current = self.uop(UOps.LOAD, dtype, (acc,), pure=False)
-    self.uop(UOps.STORE, None, (acc, self.alu(REDUCE_TO_ALU[op], dtype, current, value)), pure=False)
+    reduce_loops = [self.loop(f"ridx{axis}", kernel.full_shape[axis], axis) for axis in reduce_axes]
+    lanes = self.lanes(global_idxs + reduce_idxs, upcast_axes, {})
+    values = self.parse(reduceop.src[0], lanes, None)
+    # lanes enumerate the upcast axes in order; the accumulator of a lane is its position among the output (non-unrolled) axes
+    sizes = [kernel.full_shape[axis] for axis in upcast_axes]
+    for lane, value in enumerate(values):
+      digits = [(lane // prod(sizes[i + 1:])) % sizes[i] for i in range(len(sizes))]
+      acc_number = 0
+      for axis, digit, size in zip(upcast_axes, digits, sizes):
+        if axis not in unrolled: acc_number = acc_number * size + digit
+      acc = accs[acc_number]
+      current = self.uop(UOps.LOAD, dtype, (acc,), pure=False)
+      self.uop(UOps.STORE, None, (acc, self.alu(REDUCE_TO_ALU[op], dtype, current, value)), pure=False)
     for loop in reversed(reduce_loops): self.end(loop)
-    return self.uop(UOps.LOAD, dtype, (acc,), pure=False)
+    return [self.uop(UOps.LOAD, dtype, (acc,), pure=False) for acc in accs]
 
 def _is_const(uop: UOp, value: Any) -> bool: return uop.op is UOps.CONST and uop.arg == value
 def _fold(ctx: Linearizer, op: BinaryOps, dtype: DType, values: list[UOp]) -> UOp:

@@ -135,6 +135,8 @@ def render_llvm(function_name: str, uops: list[UOp]) -> str:
   builder = ir.IRBuilder(function.append_basic_block("body"))
   allocas = ir.IRBuilder(entry)
   values: dict[UOp, Any] = {}  # UOp -> its llvmlite value
+  no_vectorize_option = module.add_metadata(["llvm.loop.vectorize.enable", ir.Constant(ir.IntType(1), 0)])
+  loop_ids: list[Any] = []
   loop_state: dict[UOp, tuple[ir.Block, ir.PhiInstr]] = {}
   for uop in uops:
     src: list[Any] = [values.get(s) for s in uop.src]
@@ -145,17 +147,20 @@ def render_llvm(function_name: str, uops: list[UOp]) -> str:
       values[uop] = allocas.alloca(register_type(dtype))  # in the entry block, where mem2reg promotes it
       builder.store(_constant(uop.arg, dtype), values[uop])  # reset each time the enclosing loops reach it
     elif uop.op is UOps.LOOP:
-      preheader, body = builder.block, function.append_basic_block(f"loop_{uop.arg}")
+      preheader, body = builder.block, function.append_basic_block(f"loop_{uop.arg[0]}")
       builder.branch(body)
       builder.position_at_end(body)
-      counter = builder.phi(register_type(dtype), name=uop.arg)
+      counter = builder.phi(register_type(dtype), name=uop.arg[0])
       counter.add_incoming(src[0], preheader)
       values[uop], loop_state[uop] = counter, (body, counter)
     elif uop.op is UOps.END:
       body, counter = loop_state[uop.src[0]]
       following = builder.add(counter, ir.Constant(counter.type, 1))
-      exit_block = function.append_basic_block(f"after_{uop.src[0].arg}")
-      builder.cbranch(builder.icmp_signed("<", following, values[uop.src[0].src[1]]), body, exit_block)
+      exit_block = function.append_basic_block(f"after_{uop.src[0].arg[0]}")
+      latch = builder.cbranch(builder.icmp_signed("<", following, values[uop.src[0].src[1]]), body, exit_block)
+      if not uop.src[0].arg[1]:
+        loop_ids.append(module.add_metadata([no_vectorize_option, module.add_metadata(["tinyc.loop", uop.src[0].arg[0]])]))  # one id a loop
+        latch.set_metadata("llvm.loop", loop_ids[-1])
       counter.add_incoming(following, builder.block)
       builder.position_at_end(exit_block)
     elif uop.op is UOps.LOAD:
@@ -176,7 +181,10 @@ def render_llvm(function_name: str, uops: list[UOp]) -> str:
     else: raise NotImplementedError(f"the LLVM renderer has no rule for {uop.op}")
   allocas.branch(function.basic_blocks[1])
   builder.ret_void()
-  return str(module)
+  # LLVM only honours loop metadata whose first operand is the node itself, which llvmlite cannot build: make it so in the text
+  text = str(module)
+  for loop_id in loop_ids: text = text.replace(f"!{loop_id.name} = !{{", f"!{loop_id.name} = distinct !{{ !{loop_id.name},", 1)
+  return text
 
 def _dtype_of(uop: UOp) -> DType:
   assert uop.dtype is not None, f"{uop.op} has no dtype"

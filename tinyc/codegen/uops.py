@@ -11,7 +11,7 @@ class UOps(Enum):
   DEFINE_GLOBAL = auto()  # arg: (name, is_output); dtype: element type of the buffer
   DEFINE_ACC = auto()     # a mutable local scalar; arg: its initial value. LOAD(acc) reads it, STORE(acc, value) writes it
   SPECIAL = auto()        # a thread/block id on GPUs; arg: (dim, name, size)
-  LOOP = auto()           # src: (start, end); arg: the loop variable's name
+  LOOP = auto()           # src: (start, end); arg: (the loop variable's name, whether SIMD across its trips pays: every access unit-stride)
   END = auto()            # src: (loop,)
   LOAD = auto()           # src: (buffer, index[, valid]) or (acc,)
   STORE = auto()          # src: (buffer, index, value) or (acc, value)
