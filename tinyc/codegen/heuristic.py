@@ -25,7 +25,7 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
     return kernel.applied_opts
   # vectorize across the output's contiguous axis, then reuse each vector load across a tile of an axis it is broadcast along
   contiguous = [axis for axis in range(kernel.first_reduce) if strides(0)[axis] == 1 and any(strides(i)[axis] == 1 for i in inputs)]
-  if (axis := _try_upcast(kernel, contiguous, (16, 8, 4, 0))) is None: return kernel.applied_opts
+  if _try_upcast(kernel, contiguous, (16, 8, 4, 0)) is None: return kernel.applied_opts
   vector_loaded = [i for i in inputs if kernel.sts[i].real_strides(ignore_valid=True)[-1] == 1]
   lanes_left = MAX_UPCAST // kernel.upcast_size
   amounts = tuple(a for a in (8, 4, 2) if a <= lanes_left)
