@@ -157,3 +157,20 @@ def test_symbolic_fuzz(seed: int):
       assert node.min <= got <= node.max, f"{node} at {env}: {got} outside bounds [{node.min}, {node.max}]"
       assert int(eval(code, {v.expr: value for v, value in env.items()})) == expected, f"rendered {node.render()} at {env}"
       assert node.substitute({v: NumNode(value) for v, value in env.items()}) == expected, f"substitute of {node} at {env}"
+
+def test_simplify_given_valid_folds_carries_and_keeps_valid_lanes():
+  from tinyc.shape.symbolic import simplify_given_valid, create_lt_node, Node
+  i2, i3, i4, i5 = Variable("i2", 0, 25), Variable("i3", 0, 25), Variable("i4", 0, 3), Variable("i5", 0, 3)
+  inner = i5 * 26 + i3
+  outer = (inner // 81) + i4 * 26 + i2
+  idx = (outer // 81) * 100 + (outer % 27) * 216 + (inner % 27) * 9 + (inner // 27) % 3
+  valid = Node.ands([create_lt_node(inner, 81), create_lt_node(outer, 81)])
+  simpler = simplify_given_valid(idx, valid)
+  assert "/81" not in simpler.render()
+  checked = 0
+  for values in itertools.product(range(26), range(26), range(4), range(4)):
+    assignment = dict(zip((i2, i3, i4, i5), values))
+    if sym_infer(valid, assignment):
+      assert sym_infer(simpler, assignment) == sym_infer(idx, assignment), assignment
+      checked += 1
+  assert checked > 1000

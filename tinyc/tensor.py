@@ -243,18 +243,33 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
     if not reverse and isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
       if exponent == 0: return self._flat(self.ones_like(dtype=result_dtype_with_scalar(self.dtype, exponent)))
       if exponent == 1: return self.cast(result_dtype_with_scalar(self.dtype, exponent))
-      if exponent == 2: return self * self
       if exponent == 0.5: return self.sqrt()
       if exponent == -1 and dtypes.is_float(self.dtype): return self.reciprocal()
+      if dtypes.is_float(self.dtype) and math.isfinite(exponent) and exponent == int(exponent): return self._integer_pow(int(exponent))
     base, power = self._broadcasted(exponent, reverse)
     out_dtype = base.dtype
     base, power = base.cast(least_upper_float(out_dtype)), power.cast(least_upper_float(out_dtype))
-    magnitude = (base.abs().log() * power).exp()
+    is_zero = base == 0
+    # log|base| * power, with a zero base kept out of the log: its gradient there would be 0/0 = nan (its value is set below)
+    exponent_term = is_zero.where(1.0, base.abs()).log() * power
+    # 1 ** nan == inf ** 0 == nan ** 0 == 1, as in C and torch; only where the product is nan, so base 1 keeps its gradient
+    exponent_term = (((power == 0) | (base == 1)) & (exponent_term != exponent_term)).where(0.0, exponent_term)
     is_integral = power == power.trunc()
     is_odd = is_integral & ((power.abs() % 2) == 1)
     sign = (base < 0).where(is_integral.where(is_odd.where(-1.0, 1.0), math.nan), 1.0).cast(base.dtype)
-    result = ((power == 0) | (base == 1)).where(1.0, magnitude * sign)  # 1 ** nan == nan ** 0 == 1, as in C and torch
+    # 0 ** p: 0 for p > 0, inf for p < 0, nan for nan; from a detached p, since an unused inf branch would still make inf * 0 = nan gradients
+    zero_power = (power == 0).where(1.0, (power.detach() * -math.inf).exp())
+    result = is_zero.where(zero_power, exponent_term.exp() * sign)
     return result if dtypes.is_float(out_dtype) else result.round_half_even().cast(out_dtype)
+  def _integer_pow(self, n: int) -> Tensor:
+    """self ** n by repeated squaring: exact gradients where exp(n * log|x|) has none (x = 0: 0/0), and fewer roundings."""
+    result, square, remaining = None, self, abs(n)
+    while remaining:
+      if remaining & 1: result = square if result is None else result * square
+      remaining >>= 1
+      if remaining: square = square * square
+    assert result is not None, f"n = {n} must be nonzero"
+    return result.reciprocal() if n < 0 else result
 
   def __neg__(self) -> Tensor: return Tensor._apply(F.Neg, self) if self.dtype != dtypes.bool else self.logical_not()
   def __add__(self, other: Any) -> Tensor: return self.add(other)

@@ -10,7 +10,7 @@ from typing import Any, Callable, cast
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import DEBUG, prod
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, ReduceOps, TernaryOps, UnaryOps
-from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable
+from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, simplify_given_valid
 from tinyc.codegen.kernel import Kernel
 from tinyc.codegen.uops import PYTHON_ALU, UOp, UOps, cast_python_value
 
@@ -58,15 +58,17 @@ class Linearizer:
 
   def loop(self, name: str, size: int, axis: int) -> UOp:
     bounds = (self.const(0, self.index_dtype), self.const(size, self.index_dtype))
-    loop = self.uop(UOps.LOOP, self.index_dtype, bounds, (name, self._unit_stride(axis)), pure=False)
+    loop = self.uop(UOps.LOOP, self.index_dtype, bounds, (name, self._worth_vectorizing(axis)), pure=False)
     self.loop_uops[name] = loop
     self._scopes.append([])
     return loop
 
-  def _unit_stride(self, axis: int) -> bool:
-    """Whether every buffer moves by 0 or 1 elements per step of `axis`: only then is vectorizing the loop's trips cheap
-    (otherwise it takes gathers, and vectorizing across the upcast lanes is the better plan)."""
-    return all(st.real_strides()[axis] in (0, 1) for st, buf in zip(self.kernel.sts, self.kernel.bufs) if isinstance(buf, MemBuffer))
+  def _worth_vectorizing(self, axis: int) -> bool:
+    """Whether LLVM should vectorize across this loop's trips: only for a long loop along which every buffer moves by 0 or
+    1 elements. Otherwise it takes gathers or masked tails, and packing the upcast lanes (SLP) is the better plan."""
+    kernel = self.kernel
+    return kernel.full_shape[axis] >= 16 and all(st.real_strides()[axis] in (0, 1) for st, buf in zip(kernel.sts, kernel.bufs)
+                                                 if isinstance(buf, MemBuffer))
 
   def end(self, loop: UOp) -> None:
     self.uop(UOps.END, None, (loop,), pure=False)
@@ -93,6 +95,7 @@ class Linearizer:
     zero = self.const(0, buf.dtype)
     if valid.max == 0: return zero
     valid_uop = None if valid.min == 1 else self.index(valid)
+    if valid_uop is not None: index = simplify_given_valid(index, valid)  # the load is gated: only valid lanes use the index
     if isinstance(buf, ConstBuffer):
       value = self.const(buf.val, buf.dtype)
       return value if valid_uop is None else self.alu(TernaryOps.WHERE, buf.dtype, valid_uop, value, zero)

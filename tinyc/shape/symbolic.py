@@ -253,6 +253,35 @@ def create_ge_node(lhs: Node, b: Node | int) -> Node:
 
 sint = int | Node
 
+def replace_subtree(node: Node, target: Node, replacement: Node) -> Node:
+  """`node` with each occurrence of the subtree `target` replaced, rebuilt through the simplifying constructors."""
+  if node == target: return replacement
+  def again(child: Node) -> Node: return replace_subtree(child, target, replacement)
+  def operand(b: Node | int) -> Node | int: return again(b) if isinstance(b, Node) else b
+  if isinstance(node, MulNode): return again(node.a) * operand(node.b)
+  if isinstance(node, DivNode): return again(node.a) // node.b
+  if isinstance(node, ModNode): return again(node.a) % node.b
+  if isinstance(node, LtNode): return create_lt_node(again(node.a), operand(node.b))
+  if isinstance(node, SumNode): return Node.sum([again(n) for n in node.nodes])
+  if isinstance(node, AndNode): return Node.ands([again(n) for n in node.nodes])
+  return node
+
+def simplify_given_valid(idx: Node, valid: Node) -> Node:
+  """`idx` simplified where `valid` holds: each clause `expr < c` (expr >= 0) bounds expr by c - 1, which can fold the divs
+  and mods that stacked views leave (e.g. `(i*26 + j) // 81` is 0 wherever `i*26 + j < 81`). Only for gated accesses."""
+  clauses = valid.nodes if isinstance(valid, AndNode) else [valid]
+  bounded = [(clause.a, clause.b) for clause in clauses if isinstance(clause, LtNode) and isinstance(clause.b, int) and clause.a.min >= 0
+             and not isinstance(clause.a, (NumNode, Variable)) and clause.b - 1 < clause.a.max]
+  for _ in range(3):  # a fold can expose the next clause's expression
+    before = (idx, bounded)
+    for number, (expr, limit) in enumerate(bounded):
+      stand_in = Variable(f"valid_bound{number}", expr.min, limit - 1)
+      def tighten(node: Node) -> Node: return replace_subtree(node, expr, stand_in).substitute({stand_in: expr})  # noqa: B023
+      idx = tighten(idx)
+      bounded = [(tighten(other) if k != number else other, other_limit) for k, (other, other_limit) in enumerate(bounded)]
+    if (idx, bounded) == before: break
+  return idx
+
 def sym_render(value: Node | int, ops: Mapping[type, Callable[..., Any]] | None = None, ctx: Any = None) -> Any:
   return str(value) if isinstance(value, int) else value.render(ops, ctx)
 
