@@ -1,0 +1,54 @@
+"""The examples work end to end on small data the tests make (no network)."""
+import gzip, struct, sys
+from pathlib import Path
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
+import mnist  # noqa: E402
+
+def write_idx(path, array, gzipped=True):
+  codes = {np.uint8: 0x08, np.int8: 0x09, np.int16: 0x0B, np.int32: 0x0C, np.float32: 0x0D, np.float64: 0x0E}
+  code = codes[array.dtype.type]
+  raw = bytes([0, 0, code, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape) + array.astype(array.dtype.newbyteorder(">")).tobytes()
+  path.write_bytes(gzip.compress(raw) if gzipped else raw)
+  return raw
+
+def test_read_idx_round_trips_every_type(tmp_path):
+  for dtype in (np.uint8, np.int8, np.int16, np.int32, np.float32, np.float64):
+    array = (np.arange(24) - 5).astype(dtype).reshape(2, 3, 4)
+    for gzipped in (True, False):
+      write_idx(tmp_path / "a.idx", array, gzipped)
+      np.testing.assert_array_equal(mnist.read_idx(tmp_path / "a.idx"), array)
+
+@pytest.mark.parametrize("corrupt, message", [
+  (lambda raw: raw[:3], "bad magic|truncated"), (lambda raw: b"\x01\x00" + raw[2:], "bad magic"),
+  (lambda raw: raw[:2] + b"\x07" + raw[3:], "unknown IDX element type"), (lambda raw: raw[:-1], "needs"),
+  (lambda raw: raw + b"\x00", "needs"), (lambda raw: raw[:6], "truncated IDX header"), (lambda raw: b"\x1f\x8b" + raw, "gzip")])
+def test_malformed_idx_raises_a_clear_error(tmp_path, corrupt, message):
+  raw = write_idx(tmp_path / "ok.idx", np.zeros((2, 3), np.uint8), gzipped=False)
+  (tmp_path / "bad.idx").write_bytes(corrupt(raw))
+  with pytest.raises(ValueError, match=message): mnist.read_idx(tmp_path / "bad.idx")
+
+def test_download_leaves_no_partial_file(tmp_path):
+  with pytest.raises(Exception): mnist.download("file:///nonexistent/nothing.gz", tmp_path / "x.gz")
+  assert list(tmp_path.iterdir()) == []
+  source = tmp_path / "source.bin"
+  source.write_bytes(b"payload")
+  assert mnist.download(source.as_uri(), tmp_path / "out" / "copy.bin").read_bytes() == b"payload"
+  with pytest.raises(ValueError, match="checksum"): mnist.download(source.as_uri(), tmp_path / "out" / "bad.bin", sha256="0" * 64)
+  assert not (tmp_path / "out" / "bad.bin").exists() and len(list((tmp_path / "out").iterdir())) == 1
+
+def test_mnist_trains_on_a_small_synthetic_set(tmp_path):
+  # two classes that differ in where the ink is: a short run must learn them
+  rng = np.random.default_rng(0)
+  labels = rng.integers(0, 2, 256).astype(np.uint8)
+  images = (rng.random((256, 28, 28)) * 40).astype(np.uint8)
+  for i, label in enumerate(labels): images[i, :, :14] += 200 if label == 0 else 0; images[i, :, 14:] += 200 if label == 1 else 0  # noqa: E702
+  for key, array in (("train_images", images[:192]), ("train_labels", labels[:192]), ("test_images", images[192:]), ("test_labels", labels[192:])):
+    write_idx(tmp_path / mnist.FILES[key], array)
+  accuracy = mnist.main(["--data-dir", str(tmp_path), "--no-download", "--batch", "32", "--epochs", "2"])
+  assert accuracy > 0.9
+
+def test_missing_files_without_download_say_what_to_do(tmp_path):
+  with pytest.raises(SystemExit, match="missing"): mnist.main(["--data-dir", str(tmp_path), "--no-download"])
