@@ -52,3 +52,12 @@ def test_mnist_trains_on_a_small_synthetic_set(tmp_path):
 
 def test_missing_files_without_download_say_what_to_do(tmp_path):
   with pytest.raises(SystemExit, match="missing"): mnist.main(["--data-dir", str(tmp_path), "--no-download"])
+
+def test_gpt_loss_falls_and_it_samples():
+  import gpt
+  text = gpt.stdlib_docstrings()
+  assert len(text) > 50_000 and "Return" in text  # real text, available offline
+  model, vocab, losses = gpt.train(text[:20_000], steps=60, context=16, width=32, layers=1, heads=2, batch=8, log_every=0)
+  assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 0.5, losses
+  tokens = gpt.sample(model, np.array([vocab.index("T")], dtype=np.int32), 20, np.random.default_rng(0))
+  assert len(tokens) == 20 and all(0 <= t < len(vocab) for t in tokens)
