@@ -5,7 +5,7 @@
 Pre-norm transformer blocks: causal multi-head self-attention and a GELU MLP, token + learned position embeddings.
 """
 from __future__ import annotations
-import argparse, importlib, inspect, time
+import argparse, importlib, inspect, time, warnings
 import numpy as np
 from tinyc import Tensor, Device, nn
 from tinyc.jit import TinyJit
@@ -18,6 +18,11 @@ STDLIB_MODULES = ("json", "re", "os", "collections", "functools", "itertools", "
 def stdlib_docstrings() -> str:
   """The docstrings of some standard-library modules and their public members, joined."""
   texts = []
+  with warnings.catch_warnings():  # reading some members' docs touches deprecated attributes
+    warnings.simplefilter("ignore")
+    return _collect(texts)
+
+def _collect(texts: list[str]) -> str:
   for name in STDLIB_MODULES:
     module = importlib.import_module(name)
     for obj in [module] + [getattr(module, attr) for attr in dir(module) if not attr.startswith("_")]:
