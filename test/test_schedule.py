@@ -194,3 +194,11 @@ def test_single_reader_through_an_expand_still_recomputes():
   out = tx.relu() @ tw  # relu(x) is read once, through an expand: cheaper to recompute than to store and reload
   assert kernels_for(out) == 1
   np.testing.assert_allclose(out.numpy(), np.maximum(x, 0) @ w, rtol=1e-5, atol=1e-5)
+
+def test_numpy_of_a_realized_reshape_view_runs_no_kernel():
+  # found while writing the indexing tests: a reduce leaves a (2, 4, 1) base seen as (2, 4); reading it copied it first
+  (a,), (ta,) = realized_inputs((2, 3, 4))
+  out = ta.sum(1).realize()
+  GlobalCounters.reset()
+  np.testing.assert_allclose(out.numpy(), a.sum(1), rtol=1e-6)
+  assert GlobalCounters.kernel_count == 0

@@ -89,7 +89,8 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
     """The values as a numpy array of exactly this shape (bfloat16 comes back as float32)."""
     if self.numel() == 0: return np.zeros(self.shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else self.dtype.np)
     data = self.lazydata
-    if not (data.base is data or (data.st.contiguous and data.shape == data.base.shape)): data = data.contiguous()
+    # a contiguous view of its whole base (a plain reshape) is read as it is; anything else is copied out by a kernel first
+    if not (data.base is data or (data.st.contiguous and prod(data.shape) == prod(data.base.shape))): data = data.contiguous()
     realize([data])
     assert data.base.realized is not None
     return data.base.realized.numpy().reshape(self.shape)
@@ -262,14 +263,15 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
     result = is_zero.where(zero_power, exponent_term.exp() * sign)
     return result if dtypes.is_float(out_dtype) else result.round_half_even().cast(out_dtype)
   def _integer_pow(self, n: int) -> Tensor:
-    """self ** n by repeated squaring: exact gradients where exp(n * log|x|) has none (x = 0: 0/0), and fewer roundings."""
-    result, square, remaining = None, self, abs(n)
+    """self ** n by repeated squaring: exact gradients where exp(n * log|x|) has none (x = 0: 0/0), and fewer roundings. A negative
+    n takes the reciprocal first, so that at x = 0 the gradient is torch's -inf rather than inf * 0 = nan."""
+    result, square, remaining = None, self.reciprocal() if n < 0 else self, abs(n)
     while remaining:
       if remaining & 1: result = square if result is None else result * square
       remaining >>= 1
       if remaining: square = square * square
     assert result is not None, f"n = {n} must be nonzero"
-    return result.reciprocal() if n < 0 else result
+    return result
 
   def __neg__(self) -> Tensor: return Tensor._apply(F.Neg, self) if self.dtype != dtypes.bool else self.logical_not()
   def __add__(self, other: Any) -> Tensor: return self.add(other)
