@@ -81,15 +81,17 @@ class CompileError(RuntimeError):
 
 @dataclass
 class Program:
-  """A compiled kernel, ready to launch on its buffers."""
+  """A compiled kernel, ready to launch on its buffers (GPUs: over global_size threads in work-groups of local_size)."""
   name: str
   device: str
-  run: Callable[..., float | None]  # run(*opaque_buffers, wait=bool) -> seconds when wait
+  run: Callable[..., float | None]  # run(*opaque_buffers, global_size=, local_size=, wait=bool) -> seconds when wait
   flops: int
   mem_bytes: int
+  global_size: tuple[int, int, int] | None = None
+  local_size: tuple[int, int, int] | None = None
   def __call__(self, buffers: list[Buffer]) -> None:
     wait = DEBUG >= 2
-    seconds = self.run(*[buf.opaque for buf in buffers], wait=wait)
+    seconds = self.run(*[buf.opaque for buf in buffers], global_size=self.global_size, local_size=self.local_size, wait=wait)
     GlobalCounters.kernel_count += 1
     GlobalCounters.global_ops += self.flops
     GlobalCounters.global_mem += self.mem_bytes
@@ -99,10 +101,24 @@ class Program:
         print(f"{colored(f'*** {self.device:5s} {GlobalCounters.kernel_count:4d}', 'magenta')} {self.name:30s} "
               f"{seconds * 1e6:9.2f} us  {self.flops / seconds * 1e-9:8.2f} GFLOP/s  {self.mem_bytes / seconds * 1e-9:8.2f} GB/s")
 
+def launch_sizes(uops: list[UOp], max_local: int = 256) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+  """(global, local) thread counts from a kernel's SPECIAL uops. The local size divides the global size in every dimension,
+  so no thread is out of range; dimension 0 (the contiguous axis) gets the most threads, for coalesced memory access."""
+  global_size = [1, 1, 1]
+  for uop in uops:
+    if uop.op is UOps.SPECIAL: global_size[uop.arg[0]] = uop.arg[2]
+  local_size, budget = [1, 1, 1], max_local
+  for dim in range(3):
+    local_size[dim] = max(d for d in range(1, min(global_size[dim], budget) + 1) if global_size[dim] % d == 0)
+    budget //= local_size[dim]
+  return (global_size[0], global_size[1], global_size[2]), (local_size[0], local_size[1], local_size[2])
+
 class Compiled:
   """A backend: allocator + renderer (name, uops -> source) + compiler (name, source -> runnable) + a cache from AST to Program."""
-  def __init__(self, name: str, allocator: Allocator, render: Callable[[str, list[UOp]], str], compile: Callable[[str, str], Callable[..., Any]]):
+  def __init__(self, name: str, allocator: Allocator, render: Callable[[str, list[UOp]], str], compile: Callable[[str, str], Callable[..., Any]],
+               threads: bool = False, max_local: int = 256) -> None:
     self.name, self.allocator, self.render, self.compile = name, allocator, render, compile
+    self.threads, self.max_local = threads, max_local  # threads: global axes become GPU thread ids
     self.programs: dict[tuple[LazyOp, tuple[Opt, ...] | None], Program] = {}
     self._names: dict[str, int] = defaultdict(int)
 
@@ -111,11 +127,13 @@ class Compiled:
     if (program := self.programs.get((ast, opts))) is not None: return program
     kernel = Kernel(ast)
     kernel.print_ast()
-    if opts is None: hand_coded_optimizations(kernel)
+    if opts is None:
+      if not self.threads: hand_coded_optimizations(kernel)  # the heuristic is tuned for CPUs; GPUs get theirs later
     else:
       for opt in opts: kernel.apply_opt(opt)
     if DEBUG >= 3: print(f"opts: {kernel.applied_opts}")
-    uops = Linearizer(kernel).linearize()
+    if self.threads: kernel.limit_global_dims(3)
+    uops = Linearizer(kernel, threads=self.threads).linearize()
     self._names[kernel.name] += 1
     name = kernel.name if self._names[kernel.name] == 1 else f"{kernel.name}n{self._names[kernel.name] - 1}"
     source = self.render(name, uops)
@@ -125,7 +143,8 @@ class Compiled:
     if DEBUG >= 3: print(f"compiled {name} in {(time.perf_counter() - started) * 1e3:.2f} ms")
     flops = count_flops(uops)
     mem_bytes = sum(buf.st.real_size() * buf.dtype.itemsize for buf in kernel.bufs if isinstance(buf, MemBuffer))
-    self.programs[(ast, opts)] = program = Program(name, self.name, run, flops, mem_bytes)
+    sizes = launch_sizes(uops, self.max_local) if self.threads else (None, None)
+    self.programs[(ast, opts)] = program = Program(name, self.name, run, flops, mem_bytes, *sizes)
     return program
 
 def count_flops(uops: list[UOp]) -> int:
@@ -140,10 +159,22 @@ def count_flops(uops: list[UOp]) -> int:
   return flops
 
 BACKENDS = ("CUDA", "GPU", "LLVM")
+BACKEND_MODULES = {"CUDA": "ops_cuda", "GPU": "ops_opencl", "LLVM": "ops_llvm"}
+INSTALL_HINTS = {"CUDA": "pip install -e '.[cuda]' on a machine with an NVIDIA GPU and driver", "GPU": "pip install -e '.[opencl]'",
+                 "LLVM": "pip install llvmlite"}
 
 class DeviceRegistry:
-  """`Device["LLVM"]` is the LLVM backend (made on first use); `Device.DEFAULT` is the name chosen by the environment."""
-  def __init__(self) -> None: self._opened: dict[str, Compiled] = {}
+  """`Device["LLVM"]` is the LLVM backend (made on first use); `Device.DEFAULT` is the name chosen by the environment:
+  CUDA=1, GPU=1, LLVM=1 or DEVICE=NAME, and with none set CUDA where it is usable, else LLVM."""
+  def __init__(self) -> None:
+    self._opened: dict[str, Compiled] = {}
+    self._usable: dict[str, bool] = {}
+  def usable(self, name: str) -> bool:
+    """Whether the backend opens here (probed once per process)."""
+    if name not in self._usable:
+      try: self._usable[name] = self[name] is not None
+      except RuntimeError: self._usable[name] = False
+    return self._usable[name]
   def canonicalize(self, name: str | None) -> str:
     if name is None: return self.DEFAULT
     base = name.split(":")[0].upper()
@@ -152,7 +183,9 @@ class DeviceRegistry:
   def __getitem__(self, name: str) -> Compiled:
     name = self.canonicalize(name)
     if name not in self._opened:
-      module = importlib.import_module(f"tinyc.runtime.ops_{name.lower()}")
+      try: module = importlib.import_module(f"tinyc.runtime.{BACKEND_MODULES[name]}")
+      except ImportError as error:
+        raise RuntimeError(f"device {name} is not available: {error}. To use it: {INSTALL_HINTS[name]}; or pick another with LLVM=1") from error
       self._opened[name] = module.open_device()
     return self._opened[name]
   @property
@@ -160,6 +193,6 @@ class DeviceRegistry:
     if (chosen := getenv("DEVICE", "")): return self.canonicalize(chosen)
     for name in BACKENDS:
       if getenv(name, 0) == 1: return name
-    return "LLVM"
+    return "CUDA" if self.usable("CUDA") else "LLVM"
 
 Device = DeviceRegistry()

@@ -137,8 +137,13 @@ class NNMixin:
 
   # ---- losses ----
   def binary_crossentropy(self: Any, y: Any) -> Any:
-    """Mean binary cross-entropy of probabilities self against targets y (log clamped at -100, as torch does)."""
-    return -(y * self.log().maximum(-100) + (1 - y) * (1 - self).log().maximum(-100)).mean()
+    """Mean binary cross-entropy of probabilities self against targets y as torch computes it: each log clamped at -100, and for self
+    the gradient (self - y) / max(self (1 - self), 1e-12), finite where a probability saturates at 0 or 1 (there the derivative of
+    the clamped log would be 0/0 = nan)."""
+    x, target = self.detach(), y.detach() if isinstance(y, type(self)) else y
+    loss = -(y * x.log().maximum(-100) + (1 - y) * (1 - x).log().maximum(-100))
+    slope = (x - target) / (x * (1 - x)).maximum(1e-12)
+    return (loss + (self - x) * slope).mean()  # self - x is 0 and carries self's gradient: it adds torch's slope and nothing else
   def binary_crossentropy_logits(self: Any, y: Any) -> Any:
     """Mean binary cross-entropy of logits: stable, never exponentiates a large positive number."""
     return (self.softplus() - y * self).mean()

@@ -80,6 +80,12 @@ class Kernel:
     if new_shape_fn is not None: self.full_shape = tuple(new_shape_fn(self.full_shape))
     if order is not None: self.full_shape = tuple(self.full_shape[i] for i in order)
 
+  def limit_global_dims(self, limit: int) -> None:
+    """Merge the leading global axes so at most `limit` remain (GPUs launch at most 3 dimensions of threads)."""
+    if self.first_reduce <= limit: return
+    merged = self.first_reduce - limit + 1
+    self.reshape_and_permute(lambda shape: [prod(shape[:merged])] + list(shape[merged:]), None)
+
   def shift_to(self, axis: int, amount: int) -> None:
     """Split `axis` into (size // amount, amount) and move the `amount` part to the end (it becomes the last upcast axis)."""
     def split(shape: tuple[int, ...]) -> list[int]:

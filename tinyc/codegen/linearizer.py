@@ -17,8 +17,10 @@ from tinyc.codegen.uops import PYTHON_ALU, UOp, UOps, cast_python_value
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
 
 class Linearizer:
-  def __init__(self, kernel: Kernel) -> None:
-    self.kernel = kernel
+  """`threads`: the global axes become thread ids (SPECIAL, for GPUs; the last axis is dimension 0 so neighbouring threads
+  touch neighbouring memory), else loops (CPUs)."""
+  def __init__(self, kernel: Kernel, threads: bool = False) -> None:
+    self.kernel, self.threads = kernel, threads
     self.uops: list[UOp] = []
     self._made: dict[tuple, UOp] = {}
     self._scopes: list[list[tuple]] = [[]]  # keys made inside each open loop, forgotten when it ends
@@ -126,7 +128,12 @@ class Linearizer:
     self.globals = {idx: self.uop(UOps.DEFINE_GLOBAL, dtype, (), (f"data{idx}", idx == 0), pure=False)
                     for idx, dtype in sorted(dtype_of_buffer.items())}
     global_idxs: list[Node] = [Variable(f"gidx{axis}", 0, size - 1) for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
-    global_loops = [self.loop(f"gidx{axis}", size, axis) for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
+    if self.threads:
+      for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce]):
+        dim = kernel.first_reduce - 1 - axis
+        self.loop_uops[f"gidx{axis}"] = self.uop(UOps.SPECIAL, self.index_dtype, (), (dim, f"gidx{axis}", size), pure=False)
+      global_loops = []
+    else: global_loops = [self.loop(f"gidx{axis}", size, axis) for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
     upcast_axes = list(range(kernel.shape_len - kernel.upcasted, kernel.shape_len))
     unrolled_reduce_axes = {axis: 0 for axis in upcast_axes if kernel.output_shape[axis] != kernel.full_shape[axis]}
     reduce_loop_count = kernel.shape_len - kernel.upcasted - kernel.first_reduce

@@ -50,7 +50,7 @@ class BatchNorm2d:
     self.bias: Tensor | None = Tensor.zeros(num_features) if affine else None
     if track_running_stats:
       self.running_mean, self.running_var = Tensor.zeros(num_features, requires_grad=False), Tensor.ones(num_features, requires_grad=False)
-      self.num_batches_tracked = Tensor.zeros(1, dtype=dtypes.int32, requires_grad=False)
+      self.num_batches_tracked = Tensor(0, dtype=dtypes.int32, requires_grad=False)  # 0-d, as torch's (int32: tinyc's default int)
   def __call__(self, x: Tensor) -> Tensor:
     axes = (0,) + tuple(range(2, x.ndim))
     if Tensor.training or not self.track_running_stats:

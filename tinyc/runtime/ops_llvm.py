@@ -58,7 +58,7 @@ class LLVMCompiler:
 
 def make_runner(address: int) -> Callable[..., float | None]:
   function = ctypes.CFUNCTYPE(None)(address)  # no argtypes: each call passes c_void_p pointers as they are
-  def run(*buffers: HostMemory, wait: bool = False) -> float | None:
+  def run(*buffers: HostMemory, global_size: object = None, local_size: object = None, wait: bool = False) -> float | None:
     started = time.perf_counter()
     function(*[buf.pointer for buf in buffers])
     return time.perf_counter() - started if wait else None

@@ -1,0 +1,63 @@
+"""Runs the suite on every device, and compiles every kernel it makes as CUDA too.
+
+- With CUDA=1, GPU=1, LLVM=1 or DEVICE=NAME set, each test runs on that device. With none set, each test of a module that
+  computes runs once per usable device: LLVM, and OpenCL where a platform is installed (CI installs PoCL).
+- Wherever NVRTC is found (CI installs the nvidia-cuda-nvrtc wheel) and the device is not CUDA itself, every kernel the
+  suite builds is also rendered as CUDA C and compiled to PTX, so a CUDA codegen bug fails CI without a GPU.
+"""
+from __future__ import annotations
+import os
+import pytest
+from tinyc.device import Compiled, Device
+
+# modules whose tests never launch a kernel: they run once
+DEVICE_INDEPENDENT = {"test_style", "test_symbolic", "test_shapetracker", "test_shapetracker_fuzz", "test_examples", "test_state"}
+SELECTORS = ("CUDA", "GPU", "LLVM", "DEVICE")
+
+def devices_to_test() -> list[str]:
+  if any(os.environ.get(name) for name in SELECTORS): return [Device.DEFAULT]
+  return ["LLVM"] + (["GPU"] if Device.usable("GPU") else [])
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+  if "tinyc_device" in metafunc.fixturenames and metafunc.module.__name__.split(".")[-1] not in DEVICE_INDEPENDENT:
+    metafunc.parametrize("tinyc_device", devices_to_test(), indirect=True)
+
+@pytest.fixture
+def tinyc_device(request: pytest.FixtureRequest) -> str | None: return getattr(request, "param", None)
+
+@pytest.fixture(autouse=True)
+def _on_device(tinyc_device: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+  """Make the parametrized device the default one for this test."""
+  if tinyc_device is not None and not any(os.environ.get(name) for name in SELECTORS): monkeypatch.setenv("DEVICE", tinyc_device)
+
+def _nvrtc_available() -> bool:
+  if os.environ.get("CUDA") == "1" or os.environ.get("DEVICE", "").upper() == "CUDA": return False  # the real thing runs
+  try:
+    from tinyc.runtime.nvrtc import load_nvrtc
+    load_nvrtc()
+    return True
+  except (ImportError, RuntimeError): return False
+
+@pytest.fixture(autouse=True, scope="session")
+def _compile_every_kernel_as_cuda():
+  """Wrap Compiled.get_program so each new kernel is also rendered as CUDA and compiled to PTX for sm_90 by NVRTC."""
+  if not _nvrtc_available():
+    yield
+    return
+  from tinyc.codegen.cstyle import render_cuda
+  from tinyc.codegen.kernel import Kernel
+  from tinyc.codegen.linearizer import Linearizer
+  from tinyc.runtime.nvrtc import compile_cuda
+  original, seen = Compiled.get_program, set()
+  def get_program_and_check_cuda(self, ast, opts=None):  # type: ignore[no-untyped-def]
+    program = original(self, ast, opts)
+    if (ast, opts) not in seen:
+      seen.add((ast, opts))
+      kernel = Kernel(ast)
+      for opt in opts or (): kernel.apply_opt(opt)
+      kernel.limit_global_dims(3)
+      compile_cuda(program.name, render_cuda(program.name, Linearizer(kernel, threads=True).linearize()), "sm_90", "ptx")
+    return program
+  Compiled.get_program = get_program_and_check_cuda
+  yield
+  Compiled.get_program = original

@@ -1,0 +1,204 @@
+"""Layer 3: one C-style renderer from UOps; CUDA C and OpenCL C are small dialects of it. Imports helpers, dtype, ops,
+codegen/uops.
+
+The output is meant to be read: one statement per load, store and loop; an ALU value used once is written inline where it is
+used, one used more often gets a named variable. float16 and bfloat16 live in memory as 16-bit values and as float in
+registers (the dialect converts at loads and stores), so every backend rounds them at the same places.
+"""
+from __future__ import annotations
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+from tinyc.dtype import DType, dtypes
+from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
+from tinyc.codegen.uops import UOp, UOps
+
+def _max(a: str, b: str) -> str: return f"((({a})!=({a}) || ({a})>({b})) ? ({a}) : ({b}))"  # NaN wins, like torch.maximum
+
+ALU_CODE: dict[Op, Callable[..., str]] = {
+  UnaryOps.NEG: lambda x: f"(-{x})", UnaryOps.EXP2: lambda x: f"exp2({x})", UnaryOps.LOG2: lambda x: f"log2({x})",
+  UnaryOps.SIN: lambda x: f"sin({x})", UnaryOps.SQRT: lambda x: f"sqrt({x})", BinaryOps.ADD: lambda a, b: f"({a}+{b})",
+  BinaryOps.SUB: lambda a, b: f"({a}-{b})", BinaryOps.MUL: lambda a, b: f"({a}*{b})", BinaryOps.DIV: lambda a, b: f"({a}/{b})",
+  BinaryOps.IDIV: lambda a, b: f"({a}/{b})", BinaryOps.MAX: _max, BinaryOps.CMPLT: lambda a, b: f"({a}<{b})",
+  BinaryOps.CMPEQ: lambda a, b: f"({a}=={b})", BinaryOps.AND: lambda a, b: f"({a}&{b})", BinaryOps.OR: lambda a, b: f"({a}|{b})",
+  BinaryOps.XOR: lambda a, b: f"({a}^{b})", TernaryOps.WHERE: lambda c, a, b: f"({c}?{a}:{b})"}
+
+@dataclass(frozen=True)
+class CStyleDialect:
+  """What differs between C-style GPU languages."""
+  name: str
+  kernel_prefix: str                    # before `void name(...)`
+  buffer_prefix: str                    # before each pointer parameter's type
+  global_id: Callable[[int], str]       # the global thread index along a launch dimension
+  type_names: dict[DType, str]          # register types (memory types of 16-bit floats are in memory_names)
+  memory_names: dict[DType, str]
+  load_half: Callable[[str, str], str]  # (pointer, index) -> float expression
+  store_half: Callable[[str, str, str], str]  # (pointer, index, float value) -> statement
+  float_bits: Callable[[str], str]      # unsigned 32-bit integer expression -> float with those bits
+  bits_of_float: Callable[[str], str]   # float expression -> its bits as an unsigned 32-bit integer
+  prelude: str = ""
+  infinity: str = "INFINITY"
+  nan: str = "NAN"
+  extra: dict[str, Any] = field(default_factory=dict)
+
+_COMMON_TYPES = {dtypes.bool: "bool", dtypes.int8: "char", dtypes.uint8: "unsigned char", dtypes.int16: "short", dtypes.uint16: "unsigned short",
+                 dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.float32: "float", dtypes.float64: "double",
+                 dtypes.float16: "float", dtypes.bfloat16: "float"}
+_XYZ = "xyz"
+
+CUDA_DIALECT = CStyleDialect(
+  "CUDA", 'extern "C" __global__ ', "", lambda d: f"(blockIdx.{_XYZ[d]}*blockDim.{_XYZ[d]}+threadIdx.{_XYZ[d]})",
+  {**_COMMON_TYPES, dtypes.int64: "long long", dtypes.uint64: "unsigned long long"},
+  {dtypes.float16: "unsigned short", dtypes.bfloat16: "unsigned short", dtypes.bool: "bool"},
+  # half <-> float with the conversion instructions directly: no header needed, so NVRTC works without a CUDA toolkit
+  lambda ptr, idx: f"__half_bits_to_float({ptr}[{idx}])", lambda ptr, idx, value: f"{ptr}[{idx}] = __float_to_half_bits({value});",
+  lambda bits: f"__uint_as_float({bits})", lambda value: f"__float_as_uint({value})",
+  prelude=("__device__ inline float __half_bits_to_float(unsigned short h) {\n"
+           "  float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f;\n}\n"
+           "__device__ inline unsigned short __float_to_half_bits(float f) {\n"
+           "  unsigned short h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h;\n}\n"),
+  infinity="__int_as_float(0x7f800000)", nan="__int_as_float(0x7fc00000)")
+
+OPENCL_DIALECT = CStyleDialect(
+  "OpenCL", "__kernel ", "__global ", lambda d: f"(int)get_global_id({d})",
+  {**_COMMON_TYPES, dtypes.int64: "long", dtypes.uint64: "unsigned long", dtypes.uint8: "uchar", dtypes.int8: "char"},
+  {dtypes.float16: "half", dtypes.bfloat16: "ushort", dtypes.bool: "uchar"},  # OpenCL has no bool buffers; half pointers need no extension
+  lambda ptr, idx: f"vload_half({idx}, {ptr})", lambda ptr, idx, value: f"vstore_half({value}, {idx}, {ptr});",
+  lambda bits: f"as_float({bits})", lambda value: f"as_uint({value})",
+  prelude="#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n")
+
+class CStyleRenderer:
+  """Renders one kernel's UOps in a dialect. Use through render_cuda / render_opencl."""
+  def __init__(self, dialect: CStyleDialect, function_name: str, uops: list[UOp]) -> None:
+    self.dialect, self.function_name, self.uops = dialect, function_name, uops
+    self.names: dict[UOp, str] = {}
+    self.uses: dict[UOp, int] = {}
+    for uop in uops:
+      repeats = 2 if uop.op is UOps.ALU and uop.arg is BinaryOps.MAX else 1  # max writes its operands twice: name them
+      for src in uop.src: self.uses[src] = self.uses.get(src, 0) + repeats
+    self.lines: list[str] = []
+    self.depth = 1
+    self.counters: dict[str, int] = {}
+
+  def fresh(self, prefix: str) -> str:
+    self.counters[prefix] = self.counters.get(prefix, -1) + 1
+    return f"{prefix}{self.counters[prefix]}"
+  def emit(self, line: str) -> None: self.lines.append("  " * self.depth + line)
+  def type_name(self, dtype: DType) -> str: return self.dialect.type_names[dtype]
+  def memory_type(self, dtype: DType) -> str: return self.dialect.memory_names.get(dtype, self.dialect.type_names[dtype])
+
+  def const(self, value: Any, dtype: DType) -> str:
+    if dtypes.is_float(dtype):
+      if math.isnan(value): text = self.dialect.nan
+      elif math.isinf(value): text = self.dialect.infinity if value > 0 else f"(-{self.dialect.infinity})"
+      else: text = repr(float(value)) + ("f" if dtype != dtypes.float64 else "")
+      return text if dtype != dtypes.float64 else f"(double)({text})"
+    if dtype == dtypes.bool: return "1" if value else "0"
+    suffix = {dtypes.int64: "ll", dtypes.uint64: "ull", dtypes.uint32: "u"}.get(dtype, "")
+    if dtype == dtypes.int64 and value == dtypes.min(dtypes.int64): return "(-9223372036854775807ll-1)"
+    if dtype == dtypes.int32 and value == dtypes.min(dtypes.int32): return "(-2147483647-1)"
+    plain = dtype in (dtypes.int32, dtypes.int64, dtypes.uint64, dtypes.uint32)
+    return f"{value}{suffix}" if plain else f"({self.type_name(dtype)}){value}{suffix}"
+
+  def value(self, uop: UOp) -> str: return self.names[uop]
+
+  def define(self, uop: UOp, expression: str, prefix: str) -> None:
+    """Name `expression` as a variable unless it is used exactly once (then it is written where it is used)."""
+    assert uop.dtype is not None
+    if self.uses.get(uop, 0) == 1 and uop.op is UOps.ALU:
+      self.names[uop] = expression
+      return
+    name = self.fresh(prefix)
+    self.emit(f"{self.type_name(uop.dtype)} {name} = {expression};")
+    self.names[uop] = name
+
+  def load(self, uop: UOp) -> str:
+    assert uop.dtype is not None
+    buffer, index = self.value(uop.src[0]), self.value(uop.src[1])
+    if uop.dtype == dtypes.float16: loaded = self.dialect.load_half(buffer, index)
+    elif uop.dtype == dtypes.bfloat16: loaded = self.dialect.float_bits(f"(((unsigned int){buffer}[{index}])<<16)")
+    elif uop.dtype == dtypes.bool: loaded = f"({buffer}[{index}]!=0)"
+    else: loaded = f"{buffer}[{index}]"
+    return f"({self.value(uop.src[2])}?{loaded}:{self.const(0, uop.dtype)})" if len(uop.src) == 3 else loaded
+
+  def store(self, buffer: str, index: str, value: str, dtype: DType) -> str:
+    if dtype == dtypes.float16: return self.dialect.store_half(buffer, index, value)
+    if dtype == dtypes.bfloat16:  # round to nearest even, as torch does
+      bits = self.fresh("bits")
+      self.emit(f"unsigned int {bits} = {self.dialect.bits_of_float(value)};")
+      return f"{buffer}[{index}] = (unsigned short)(({bits} + 0x7FFFu + (({bits}>>16)&1u))>>16);"
+    return f"{buffer}[{index}] = {value};"
+
+  def alu(self, uop: UOp) -> str:
+    op, operands = uop.arg, [self.value(src) for src in uop.src]
+    operand_dtype = uop.src[-1].dtype
+    assert operand_dtype is not None
+    if op is UnaryOps.RECIP: return f"({self.const(1, operand_dtype)}/{operands[0]})"
+    if op is BinaryOps.MOD: return f"fmod({operands[0]},{operands[1]})" if dtypes.is_float(operand_dtype) else f"({operands[0]}%{operands[1]})"
+    if operand_dtype == dtypes.bool and op is UnaryOps.NEG: return f"(!{operands[0]})"
+    return ALU_CODE[op](*operands)
+
+  def cast(self, uop: UOp) -> str:
+    source, target = uop.src[0].dtype, uop.dtype
+    assert source is not None and target is not None
+    if target == dtypes.bool: return f"({self.value(uop.src[0])}!=0)"
+    return f"({self.type_name(target)})({self.value(uop.src[0])})"
+
+  def render(self) -> str:
+    dialect = self.dialect
+    params = []
+    for uop in self.uops:
+      if uop.op is UOps.DEFINE_GLOBAL:
+        name, is_output = uop.arg
+        assert uop.dtype is not None
+        params.append(f"{dialect.buffer_prefix}{'' if is_output else 'const '}{self.memory_type(uop.dtype)}* {name}")
+        self.names[uop] = name
+    for uop in self.uops:
+      if uop.op is UOps.DEFINE_GLOBAL: continue
+      dtype = uop.dtype
+      if uop.op is UOps.CONST:
+        assert dtype is not None
+        self.names[uop] = self.const(uop.arg, dtype)
+      elif uop.op is UOps.SPECIAL:
+        dim, name, size = uop.arg
+        self.emit(f"int {name} = {dialect.global_id(dim)};  /* 0..{size - 1} */")
+        self.names[uop] = name
+      elif uop.op is UOps.LOOP:
+        name = uop.arg[0]
+        self.emit(f"for (int {name} = {self.value(uop.src[0])}; {name} < {self.value(uop.src[1])}; {name}++) {{")
+        self.names[uop] = name
+        self.depth += 1
+      elif uop.op is UOps.END:
+        self.depth -= 1
+        self.emit("}")
+      elif uop.op is UOps.DEFINE_ACC:
+        assert dtype is not None
+        name = self.fresh("acc")
+        self.emit(f"{self.type_name(dtype)} {name} = {self.const(uop.arg, dtype)};")
+        self.names[uop] = name
+      elif uop.op is UOps.LOAD:
+        if uop.src[0].op is UOps.DEFINE_ACC: self.names[uop] = self.value(uop.src[0])
+        else: self.define(uop, self.load(uop), "val")
+      elif uop.op is UOps.STORE:
+        if uop.src[0].op is UOps.DEFINE_ACC: self.emit(f"{self.value(uop.src[0])} = {self.value(uop.src[1])};")
+        else:
+          assert uop.src[2].dtype is not None
+          self.emit(self.store(self.value(uop.src[0]), self.value(uop.src[1]), self.value(uop.src[2]), uop.src[2].dtype))
+      elif uop.op is UOps.ALU: self.define(uop, self.alu(uop), "alu")
+      elif uop.op is UOps.CAST: self.define(uop, self.cast(uop), "cast")
+      elif uop.op is UOps.BITCAST: self.define(uop, self.bitcast(uop), "cast")
+      else: raise NotImplementedError(f"the {dialect.name} renderer has no rule for {uop.op}")
+    body = "\n".join(self.lines)
+    return f"{dialect.prelude}{dialect.kernel_prefix}void {self.function_name}({', '.join(params)}) {{\n{body}\n}}\n"
+
+  def bitcast(self, uop: UOp) -> str:
+    """Reinterpret bits through a union-free path: memory-width integers for 16-bit floats, the dialect's intrinsics for 32/64."""
+    source, target, value = uop.src[0].dtype, uop.dtype, self.value(uop.src[0])
+    assert source is not None and target is not None
+    if {source, target} <= {dtypes.float32, dtypes.int32, dtypes.uint32}:
+      bits = value if source != dtypes.float32 else self.dialect.bits_of_float(value)
+      return f"({self.type_name(target)})({bits})" if target != dtypes.float32 else self.dialect.float_bits(f"(unsigned int)({bits})")
+    raise NotImplementedError(f"bitcast from {source} to {target} on {self.dialect.name}")
+
+def render_cuda(function_name: str, uops: list[UOp]) -> str: return CStyleRenderer(CUDA_DIALECT, function_name, uops).render()
+def render_opencl(function_name: str, uops: list[UOp]) -> str: return CStyleRenderer(OPENCL_DIALECT, function_name, uops).render()

@@ -1,0 +1,89 @@
+"""Layer 4: the CUDA backend (CUDA=1, the default where a CUDA GPU is usable): pycuda for the driver (context, memory,
+copies, launches, events), NVRTC for compiling to a cubin of the device's own architecture. Imports helpers, device,
+codegen/, runtime/nvrtc; pycuda appears only here.
+
+Compiled cubins are cached on disk under CACHE_DIR/cuda (default ~/.cache/tinyc), keyed by source, architecture and NVRTC
+version, and written atomically (a temporary file, then a rename), so an interrupted run never leaves a corrupt entry.
+"""
+from __future__ import annotations
+import atexit, hashlib, os, re, tempfile
+from pathlib import Path
+from typing import Any, Callable
+import numpy as np
+import pycuda.driver as cuda
+from tinyc.helpers import DEBUG, getenv
+from tinyc.device import Allocator, Compiled, CompileError
+from tinyc.codegen.cstyle import render_cuda
+from tinyc.runtime.nvrtc import compile_cuda, nvrtc_version
+
+class CUDAAllocator(Allocator):
+  def _alloc(self, nbytes: int) -> Any:
+    try: return cuda.mem_alloc(max(nbytes, 1))
+    except cuda.MemoryError as error: raise MemoryError(f"CUDA out of memory allocating {nbytes} bytes: {error}") from error
+  def _free(self, opaque: Any, nbytes: int) -> None: opaque.free()
+  def copyin(self, dest: Any, src: memoryview) -> None: cuda.memcpy_htod(dest, np.frombuffer(src, dtype=np.uint8))
+  def copyout(self, dest: memoryview, src: Any) -> None: cuda.memcpy_dtoh(np.frombuffer(dest, dtype=np.uint8), src)
+
+def cache_dir() -> Path: return Path(getenv("CACHE_DIR", str(Path.home() / ".cache" / "tinyc"))) / "cuda"
+
+def cached_cubin(name: str, source: str, arch: str) -> bytes:
+  """The cubin for `source`, from the disk cache or freshly compiled (then stored)."""
+  key = hashlib.sha256(f"{arch}\0{nvrtc_version()}\0{source}".encode()).hexdigest()
+  path = cache_dir() / f"{key}.cubin"
+  try: return path.read_bytes()
+  except OSError: pass
+  cubin = compile_cuda(name, source, arch, "cubin")
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".part")
+    with os.fdopen(handle, "wb") as out: out.write(cubin)
+    os.replace(temporary, path)
+  except OSError as error:  # a read-only or full disk only costs the cache
+    if DEBUG >= 1: print(f"tinyc: could not cache {name} in {path.parent}: {error}")
+  return cubin
+
+class CUDACompiler:
+  def __init__(self, device: Any) -> None:
+    self.arch = "sm_%d%d" % device.compute_capability()
+    self.modules: dict[str, Any] = {}
+
+  def compile(self, name: str, source: str) -> Callable[..., float | None]:
+    if source not in self.modules:
+      cubin = cached_cubin(name, source, self.arch)
+      try: self.modules[source] = cuda.module_from_buffer(cubin)
+      except cuda.Error as error: raise CompileError(f"CUDA could not load kernel {name}: {error}") from error
+    function = self.modules[source].get_function(name)
+    function.prepare("P" * _pointer_parameters(source, name))  # the prepared path launches in a few microseconds
+    start, end = cuda.Event(), cuda.Event()
+    def run(*buffers: Any, global_size: tuple[int, int, int], local_size: tuple[int, int, int], wait: bool = False) -> float | None:
+      grid = tuple(g // l for g, l in zip(global_size, local_size))
+      try:
+        if wait: start.record()
+        function.prepared_call(grid, local_size, *buffers)
+        if not wait: return None
+        end.record()
+        end.synchronize()
+      except cuda.Error as error:
+        raise RuntimeError(f"CUDA kernel {name} failed (grid {grid}, block {local_size}): {error}") from error
+      return start.time_till(end) * 1e-3
+    return run
+
+def _pointer_parameters(source: str, name: str) -> int:
+  match = re.search(rf"void {name}\(([^)]*)\)", source)
+  assert match is not None, f"no signature for {name} in its source"
+  return match.group(1).count("*")
+
+def open_device() -> Compiled:
+  try:
+    cuda.init()
+    count = cuda.Device.count()
+  except cuda.Error as error:
+    raise RuntimeError(f"CUDA=1 but the CUDA driver is not usable ({error}): check the NVIDIA driver, or use LLVM=1") from error
+  if count == 0: raise RuntimeError("CUDA=1 but no CUDA GPU is visible: check CUDA_VISIBLE_DEVICES, or use LLVM=1")
+  device = cuda.Device(getenv("CUDA_DEVICE", 0))
+  context = device.make_context()
+  atexit.register(context.pop)
+  if DEBUG >= 1: print(f"CUDA device: {device.name()} (sm_{''.join(map(str, device.compute_capability()))})")
+  compiler = CUDACompiler(device)
+  return Compiled("CUDA", CUDAAllocator(), render_cuda, compiler.compile, threads=True,
+                  max_local=min(256, device.get_attribute(cuda.device_attribute.MAX_THREADS_PER_BLOCK)))

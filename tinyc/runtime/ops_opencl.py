@@ -1,0 +1,76 @@
+"""Layer 4: the OpenCL backend (GPU=1): pyopencl for memory, copies, builds and launches. Imports helpers, device, codegen/;
+pyopencl appears only here.
+
+A GPU device is preferred over a CPU one; CL_PLATFORM and CL_DEVICE (an index, or part of the name) choose explicitly.
+"""
+from __future__ import annotations
+import time
+from typing import Any, Callable
+import numpy as np
+import pyopencl as cl
+from tinyc.helpers import DEBUG, getenv
+from tinyc.device import Allocator, Compiled, CompileError
+from tinyc.codegen.cstyle import render_opencl
+
+class CLAllocator(Allocator):
+  def __init__(self, context: Any, queue: Any) -> None:
+    super().__init__()
+    self.context, self.queue = context, queue
+  def _alloc(self, nbytes: int) -> Any:
+    try: return cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(nbytes, 1))
+    except cl.Error as error: raise MemoryError(f"OpenCL could not allocate {nbytes} bytes: {error}") from error
+  def _free(self, opaque: Any, nbytes: int) -> None: opaque.release()
+  def copyin(self, dest: Any, src: memoryview) -> None: cl.enqueue_copy(self.queue, dest, np.frombuffer(src, dtype=np.uint8), is_blocking=True)
+  def copyout(self, dest: memoryview, src: Any) -> None: cl.enqueue_copy(self.queue, np.frombuffer(dest, dtype=np.uint8), src, is_blocking=True)
+
+def _pick(choices: list[Any], wanted: str, what: str) -> Any:
+  if wanted.isdigit() and int(wanted) < len(choices): return choices[int(wanted)]
+  for choice in choices:
+    if wanted.lower() in choice.name.lower(): return choice
+  raise RuntimeError(f"{what}={wanted!r} matches none of {[c.name for c in choices]}: give an index or part of a name")
+
+def choose_device() -> Any:
+  """CL_PLATFORM/CL_DEVICE if set, else the first GPU of any platform, else the first device."""
+  try: platforms = cl.get_platforms()
+  except cl.Error as error: platforms, reason = [], str(error)
+  else: reason = "no platforms"
+  if not platforms:
+    raise RuntimeError(f"GPU=1 asks for OpenCL, but no OpenCL platform is installed ({reason}): install a driver, e.g. Debian's pocl-opencl-icd")
+  if (wanted := getenv("CL_PLATFORM", "")): platforms = [_pick(platforms, wanted, "CL_PLATFORM")]
+  devices = [device for platform in platforms for device in platform.get_devices()]
+  if (wanted := getenv("CL_DEVICE", "")): return _pick(devices, wanted, "CL_DEVICE")
+  gpus = [device for device in devices if device.type & cl.device_type.GPU]
+  return (gpus or devices)[0]
+
+class CLCompiler:
+  """Builds OpenCL C for one device; programs are cached by source for the life of the process."""
+  def __init__(self, context: Any, queue: Any, device: Any) -> None:
+    self.context, self.queue, self.device = context, queue, device
+    self.cache: dict[str, Any] = {}
+
+  def compile(self, name: str, source: str) -> Callable[..., float | None]:
+    if source not in self.cache:
+      try: self.cache[source] = cl.Program(self.context, source).build()
+      except cl.Error as error:
+        hint = source if DEBUG >= 4 else "(run with DEBUG=4 to see the source)"
+        raise CompileError(f"OpenCL ({self.device.name}) rejected kernel {name}: {error}\n{hint}") from error
+    kernel = getattr(self.cache[source], name)
+    queue = self.queue
+    def run(*buffers: Any, global_size: tuple[int, ...], local_size: tuple[int, ...], wait: bool = False) -> float | None:
+      started = time.perf_counter()
+      try: event = kernel(queue, global_size, local_size, *buffers)
+      except cl.Error as error:
+        raise RuntimeError(f"OpenCL could not launch kernel {name} over {global_size} in groups of {local_size}: {error}") from error
+      if not wait: return None
+      event.wait()
+      try: return (event.profile.end - event.profile.start) * 1e-9
+      except cl.Error: return time.perf_counter() - started
+    return run
+
+def open_device() -> Compiled:
+  device = choose_device()
+  context = cl.Context([device])
+  queue = cl.CommandQueue(context, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+  compiler = CLCompiler(context, queue, device)
+  if DEBUG >= 1: print(f"OpenCL device: {device.name} ({device.platform.name})")
+  return Compiled("GPU", CLAllocator(context, queue), render_opencl, compiler.compile, threads=True, max_local=min(256, device.max_work_group_size))
