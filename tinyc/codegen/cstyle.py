@@ -192,13 +192,38 @@ class CStyleRenderer:
     return f"{dialect.prelude}{dialect.kernel_prefix}void {self.function_name}({', '.join(params)}) {{\n{body}\n}}\n"
 
   def bitcast(self, uop: UOp) -> str:
-    """Reinterpret bits through a union-free path: memory-width integers for 16-bit floats, the dialect's intrinsics for 32/64."""
+    """Reinterpret the bits: the source value as its memory bits (an unsigned integer of its width), then those bits as the
+    target (16-bit floats live as float in registers, so they convert through their 16-bit form)."""
     source, target, value = uop.src[0].dtype, uop.dtype, self.value(uop.src[0])
-    assert source is not None and target is not None
-    if {source, target} <= {dtypes.float32, dtypes.int32, dtypes.uint32}:
-      bits = value if source != dtypes.float32 else self.dialect.bits_of_float(value)
-      return f"({self.type_name(target)})({bits})" if target != dtypes.float32 else self.dialect.float_bits(f"(unsigned int)({bits})")
-    raise NotImplementedError(f"bitcast from {source} to {target} on {self.dialect.name}")
+    assert source is not None and target is not None and source.itemsize == target.itemsize, f"bitcast {source} -> {target}"
+    unsigned = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long" if self.dialect.name == "CUDA" else "ulong"}
+    bits = self.fresh("bits")
+    self.emit(f"{unsigned[source.itemsize]} {bits} = {self.to_bits(value, source)};")
+    return self.from_bits(f"({unsigned[target.itemsize]})({bits})", target)
+
+  def to_bits(self, value: str, dtype: DType) -> str:
+    cuda = self.dialect.name == "CUDA"
+    if dtype == dtypes.float32: return self.dialect.bits_of_float(value)
+    if dtype == dtypes.float64: return f"__double_as_longlong({value})" if cuda else f"as_ulong({value})"
+    if dtype == dtypes.bfloat16: return f"(unsigned short)({self.dialect.bits_of_float(value)}>>16)"
+    if dtype == dtypes.float16:
+      if cuda: return f"__float_to_half_bits({value})"
+      half_bits = self.fresh("half_bits")
+      self.emit(f"ushort {half_bits}; vstore_half({value}, 0, (__private half*)&{half_bits});")
+      return half_bits
+    return value
+
+  def from_bits(self, bits: str, dtype: DType) -> str:
+    cuda = self.dialect.name == "CUDA"
+    if dtype == dtypes.float32: return self.dialect.float_bits(bits)
+    if dtype == dtypes.float64: return f"__longlong_as_double((long long){bits})" if cuda else f"as_double({bits})"
+    if dtype == dtypes.bfloat16: return self.dialect.float_bits(f"(((unsigned int){bits})<<16)")
+    if dtype == dtypes.float16:
+      if cuda: return f"__half_bits_to_float({bits})"
+      half_bits = self.fresh("half_bits")
+      self.emit(f"ushort {half_bits} = {bits};")
+      return f"vload_half(0, (__private const half*)&{half_bits})"
+    return f"({self.type_name(dtype)})({bits})"
 
 def render_cuda(function_name: str, uops: list[UOp]) -> str: return CStyleRenderer(CUDA_DIALECT, function_name, uops).render()
 def render_opencl(function_name: str, uops: list[UOp]) -> str: return CStyleRenderer(OPENCL_DIALECT, function_name, uops).render()
