@@ -155,6 +155,7 @@ def count_flops(uops: list[UOp]) -> int:
       loop_sizes.append(uop.src[1].arg)
       trips *= uop.src[1].arg
     elif uop.op is UOps.END: trips //= loop_sizes.pop()
+    elif uop.op is UOps.SPECIAL: trips *= uop.arg[2]  # one GPU thread per index
     elif uop.op is UOps.ALU and uop.dtype is not None and dtypes.is_float(uop.dtype): flops += trips
   return flops
 

@@ -92,13 +92,15 @@ class CStyleRenderer:
       if math.isnan(value): text = self.dialect.nan
       elif math.isinf(value): text = self.dialect.infinity if value > 0 else f"(-{self.dialect.infinity})"
       else: text = repr(float(value)) + ("f" if dtype != dtypes.float64 else "")
+      text = f"({text})" if text.startswith("-") else text  # `x - -2.0f` would read as `x--2.0f`
       return text if dtype != dtypes.float64 else f"(double)({text})"
     if dtype == dtypes.bool: return "1" if value else "0"
     suffix = {dtypes.int64: "ll", dtypes.uint64: "ull", dtypes.uint32: "u"}.get(dtype, "")
     if dtype == dtypes.int64 and value == dtypes.min(dtypes.int64): return "(-9223372036854775807ll-1)"
     if dtype == dtypes.int32 and value == dtypes.min(dtypes.int32): return "(-2147483647-1)"
     plain = dtype in (dtypes.int32, dtypes.int64, dtypes.uint64, dtypes.uint32)
-    return f"{value}{suffix}" if plain else f"({self.type_name(dtype)}){value}{suffix}"
+    number = f"({value}{suffix})" if value < 0 else f"{value}{suffix}"
+    return number if plain else f"({self.type_name(dtype)}){number}"
 
   def value(self, uop: UOp) -> str: return self.names[uop]
 
