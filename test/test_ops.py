@@ -554,3 +554,10 @@ COMPOSED = [  # shapes, torch fn, tinyc fn (None: the same)
 def test_composed(i):
   shapes, torch_fn, tiny_fn = COMPOSED[i]
   check(shapes, torch_fn, tiny_fn, atol=1e-4, rtol=1e-4)
+
+def test_max_of_negated_ints_from_the_most_negative_start():
+  # found on the H200: the CUDA compiler rewrote `acc > -x` as `acc + x > 0`, which overflows from acc = INT_MIN
+  a = np.random.default_rng(0).integers(-100, 100, (3, 50)).astype(np.int32)
+  np.testing.assert_equal((-Tensor(a)).max(1).numpy(), (-a).max(1))
+  np.testing.assert_equal(Tensor(a).min(1).numpy(), a.min(1))
+  np.testing.assert_equal((-Tensor(np.array([-2**31, 5], np.int32))).numpy(), np.array([-2**31, -5], np.int32))  # wraps like torch

@@ -138,6 +138,11 @@ class CStyleRenderer:
     if op is UnaryOps.RECIP: return f"({self.const(1, operand_dtype)}/{operands[0]})"
     if op is BinaryOps.MOD: return f"fmod({operands[0]},{operands[1]})" if dtypes.is_float(operand_dtype) else f"({operands[0]}%{operands[1]})"
     if operand_dtype == dtypes.bool and op is UnaryOps.NEG: return f"(!{operands[0]})"
+    if op is UnaryOps.NEG and dtypes.is_int(operand_dtype) and not dtypes.is_unsigned(operand_dtype):
+      # through unsigned arithmetic: wraps like torch, and gives the compiler no signed overflow to reason with (NVRTC turned
+      # `acc > -x` into `acc + x > 0`, which is wrong from acc = INT_MIN)
+      unsigned = "unsigned " + self.type_name(operand_dtype) if self.dialect.name == "CUDA" else "u" + self.type_name(operand_dtype)
+      return f"(({self.type_name(operand_dtype)})(({unsigned})0-({unsigned}){operands[0]}))"
     return ALU_CODE[op](*operands)
 
   def cast(self, uop: UOp) -> str:
