@@ -39,6 +39,7 @@ class CStyleDialect:
   prelude: str = ""
   infinity: str = "INFINITY"
   nan: str = "NAN"
+  keep_integer_max_loops_rolled: bool = False  # see CUDA_DIALECT
   extra: dict[str, Any] = field(default_factory=dict)
 
 _COMMON_TYPES = {dtypes.bool: "bool", dtypes.int8: "char", dtypes.uint8: "unsigned char", dtypes.int16: "short", dtypes.uint16: "unsigned short",
@@ -57,7 +58,10 @@ CUDA_DIALECT = CStyleDialect(
            "  float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f;\n}\n"
            "__device__ inline unsigned short __float_to_half_bits(float f) {\n"
            "  unsigned short h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h;\n}\n"),
-  infinity="__int_as_float(0x7f800000)", nan="__int_as_float(0x7fc00000)")
+  infinity="__int_as_float(0x7f800000)", nan="__int_as_float(0x7fc00000)",
+  # ptxas (CUDA 13, sm_90) miscompiles an unrolled chain of integer negate + max: `(-x).max(1)` over 50 ints gave wrong values
+  # from correct PTX, through NVRTC and through the driver's JIT alike, and right ones with the loop kept rolled
+  keep_integer_max_loops_rolled=True)
 
 OPENCL_DIALECT = CStyleDialect(
   "OpenCL", "__kernel ", "__global ", lambda d: f"(int)get_global_id({d})",
@@ -160,6 +164,9 @@ class CStyleRenderer:
         assert uop.dtype is not None
         params.append(f"{dialect.buffer_prefix}{'' if is_output else 'const '}{self.memory_type(uop.dtype)}* {name}")
         self.names[uop] = name
+    rolled = dialect.keep_integer_max_loops_rolled and any(
+      u.op is UOps.STORE and u.src[0].op is UOps.DEFINE_ACC and u.src[1].op is UOps.ALU and u.src[1].arg is BinaryOps.MAX
+      and u.src[1].dtype is not None and not dtypes.is_float(u.src[1].dtype) for u in self.uops)
     for uop in self.uops:
       if uop.op is UOps.DEFINE_GLOBAL: continue
       dtype = uop.dtype
@@ -172,6 +179,7 @@ class CStyleRenderer:
         self.names[uop] = name
       elif uop.op is UOps.LOOP:
         name = uop.arg[0]
+        if rolled: self.emit("#pragma unroll 1")
         self.emit(f"for (int {name} = {self.value(uop.src[0])}; {name} < {self.value(uop.src[1])}; {name}++) {{")
         self.names[uop] = name
         self.depth += 1
