@@ -12,7 +12,7 @@ from tinyc.tensor_movement import normalize_axis
 class ReduceMixin:
   def _reduce(self: Any, function: type[F.Function], axis: int | Sequence[int] | None, keepdim: bool) -> Any:
     axes = tuple(range(self.ndim)) if axis is None else tuple(normalize_axis(a, self.ndim) for a in argfix(axis))
-    if self.ndim == 0: return type(self)._apply(function, self, axis=())  # no kernel, but a node of its own: x.sum().backward() works
+    if self.ndim == 0: return type(self)._apply(F.Sum, self, axis=())  # no kernel, but a node of its own: x.sum().backward() works
     kept = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
     if self.numel() == 0 and prod(kept) != 0:  # reducing away a zero-size dim: the identity, as torch gives for sum
       if function is not F.Sum:
@@ -70,7 +70,7 @@ class ReduceMixin:
   def cumsum(self: Any, axis: int = 0) -> Any:
     """Running sum along axis."""
     axis = normalize_axis(axis, self.ndim) if self.ndim else 0
-    if self.ndim == 0: return type(self)._apply(function, self, axis=())  # no kernel, but a node of its own: x.sum().backward() works
+    if self.ndim == 0: return type(self)._apply(F.Sum, self, axis=())  # no kernel, but a node of its own: x.sum().backward() works
     size = self.shape[axis]
     moved = self.transpose(axis, -1)
     windows = moved.pad2d((size - 1, 0))._pool((size,))
