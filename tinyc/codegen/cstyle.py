@@ -69,7 +69,8 @@ OPENCL_DIALECT = CStyleDialect(
   {dtypes.float16: "half", dtypes.bfloat16: "ushort", dtypes.bool: "uchar"},  # OpenCL has no bool buffers; half pointers need no extension
   lambda ptr, idx: f"vload_half({idx}, {ptr})", lambda ptr, idx, value: f"vstore_half({value}, {idx}, {ptr});",
   lambda bits: f"as_float({bits})", lambda value: f"as_uint({value})",
-  prelude="#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n")
+  prelude="#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n",
+  keep_integer_max_loops_rolled=True)  # NVIDIA's OpenCL compiles through the same ptxas
 
 class CStyleRenderer:
   """Renders one kernel's UOps in a dialect. Use through render_cuda / render_opencl."""
