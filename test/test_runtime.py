@@ -79,3 +79,20 @@ def test_bitcast_to_and_from_16_bit_floats():
   halves = np.array([1.0, -2.5], np.float16)
   np.testing.assert_equal(Tensor(halves).bitcast(dtypes.bfloat16).bitcast(dtypes.float16).numpy(), halves)
   np.testing.assert_equal(Tensor(halves).bitcast(dtypes.int16).numpy(), halves.view(np.int16))
+
+def test_to_moves_data_between_devices_and_mixing_devices_raises():
+  others = [name for name in ("GPU", "CUDA") if name != Device.DEFAULT and Device.usable(name)] + ["LLVM"]
+  x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+  for name in others:
+    moved = (x + 1).to(name)
+    assert moved.device == name
+    np.testing.assert_equal((moved * 2).to(Device.DEFAULT).numpy(), (np.arange(6).reshape(2, 3) + 1) * 2)
+    if name != Device.DEFAULT:
+      with pytest.raises(RuntimeError, match="same device"): _ = x + moved
+  bf = Tensor(np.array([1.5, -2.0], np.float32), dtype=dtypes.bfloat16).to(others[0])
+  np.testing.assert_equal(bf.numpy(), [1.5, -2.0])  # copies move raw bytes: 16-bit floats survive
+
+def test_asking_for_a_missing_backend_says_how_to_fix_it(monkeypatch):
+  if Device.usable("CUDA"): pytest.skip("this machine has CUDA")
+  with pytest.raises(RuntimeError, match="CUDA") as error: Device["CUDA"]
+  assert "pip install" in str(error.value) or "driver" in str(error.value) or "GPU" in str(error.value)
