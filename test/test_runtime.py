@@ -58,12 +58,16 @@ def test_kernel_counters():
   assert GlobalCounters.kernel_count == 1
   assert GlobalCounters.global_ops == 2 * 64 and GlobalCounters.global_mem == 2 * 64 * 4
 
-def test_compile_error_is_typed_and_shows_the_ir_at_debug_4():
-  compile_fn, source = Device["LLVM"].compile, "; the whole kernel\ndefine void @broken() { not ir }"
-  with pytest.raises(CompileError, match="(?s)LLVM rejected kernel broken.*DEBUG=4") as error: compile_fn("broken", source)
+def test_compile_error_is_typed_and_shows_the_source_at_debug_4():
+  compile_fn, source = Device[Device.DEFAULT].compile, "; the whole kernel\ndefine void @broken() { not valid in any language }"
+  with pytest.raises(CompileError, match="(?s)rejected kernel broken.*DEBUG=4") as error: compile_fn("broken", source)
   assert "the whole kernel" not in str(error.value)
   with Context(DEBUG=4), pytest.raises(CompileError, match="; the whole kernel"): compile_fn("broken", source)
   assert (Tensor([1.0, 2.0]) * 2).tolist() == [2.0, 4.0]  # the device is still usable
+
+def test_out_of_memory_is_a_clear_error_and_the_device_stays_usable():
+  with pytest.raises(MemoryError, match="bytes|memory"): Tensor.empty(1 << 42, dtype=dtypes.float32).realize().lazydata.realized.opaque
+  assert (Tensor([3.0]) + 1).tolist() == [4.0]
 
 def test_integer_division_by_zero_does_not_crash():
   x, zero = Tensor([7, -7, 3], dtype=dtypes.int32), Tensor([0, 0, 0], dtype=dtypes.int32)

@@ -23,7 +23,9 @@ class HostMemory:
     self.pointer = ctypes.c_void_p(raw.ctypes.data + start)
 
 class HostAllocator(Allocator):
-  def _alloc(self, nbytes: int) -> HostMemory: return HostMemory(nbytes)
+  def _alloc(self, nbytes: int) -> HostMemory:
+    try: return HostMemory(nbytes)
+    except MemoryError as error: raise MemoryError(f"out of host memory allocating {nbytes} bytes for an LLVM buffer ({error})") from error
   def copyin(self, dest: HostMemory, src: memoryview) -> None: dest.array[:] = np.frombuffer(src, dtype=np.uint8)
   def copyout(self, dest: memoryview, src: HostMemory) -> None: np.frombuffer(dest, dtype=np.uint8)[:] = src.array
 
