@@ -63,31 +63,59 @@ def check(shapes: Sequence[tuple[int, ...]], torch_fn: Callable[..., Any], tinyc
   got = (tinyc_fn or torch_fn)(*[to_tinyc(a, dt) for a, dt in zip(arrays, dts)])
   compare(got, want, atol, rtol, dts, out_dtype)
 
-def check_grad(inputs: Sequence[tuple[int, ...] | np.ndarray], torch_fn: Callable[..., Any], tinyc_fn: Callable[..., Any] | None = None,
-               atol: float = 1e-5, rtol: float = 1e-3, low: float = -2.0, high: float = 2.0, seed: int = 0) -> None:
+Inputs = Sequence[tuple[int, ...] | np.ndarray]
+GradCase = tuple[Inputs, Callable[..., Any], Callable[..., Any] | None]  # inputs, torch fn, tinyc fn (None: the torch fn runs on both)
+
+def check_grad(inputs: Inputs, torch_fn: Callable[..., Any], tinyc_fn: Callable[..., Any] | None = None, atol: float = 1e-5,
+               rtol: float = 1e-3, low: float = -2.0, high: float = 2.0, seed: int = 0) -> None:
   """`check` through autograd. Each input is a shape (a random float32 leaf in [low, high)) or an array: a float array is a leaf with
   those values, an int or bool array a constant (labels, masks). Compares the forward result, then backpropagates one random upstream
   gradient w, `(out * w).sum().backward()` (random rather than ones, so a backward that permutes, flips or sums the wrong axis cannot
   hide), and compares every leaf's .grad (shape, dtype, values) with torch's. An output may be a list (chunk): each gets its own w."""
-  arrays = [random_array(x, low=low, high=high, seed=seed + i) if isinstance(x, tuple) else x for i, x in enumerate(inputs)]
-  leaf = [np.issubdtype(a.dtype, np.floating) for a in arrays]
-  theirs = [torch.tensor(a, requires_grad=True) if is_leaf else torch.from_numpy(np.array(a)) for a, is_leaf in zip(arrays, leaf)]
-  ours = [Tensor(a, requires_grad=True) if is_leaf else Tensor(a) for a, is_leaf in zip(arrays, leaf)]
-  want, got = torch_fn(*theirs), (tinyc_fn or torch_fn)(*ours)
-  compare(got, want, atol, rtol, [t.dtype for t in ours])
-  wants, gots = (list(want), list(got)) if isinstance(want, (list, tuple)) else ([want], [got])
-  assert all(g.requires_grad for g in gots), "an op on a tensor that requires grad must give a result that requires grad"
-  rng = np.random.default_rng(seed + 100)
-  upstream = [rng.standard_normal(tuple(w.shape)).astype(np.float32) for w in wants]
-  sum(((w * torch.from_numpy(u)).sum() for w, u in zip(wants, upstream)), torch.zeros(())).backward()
-  loss = gots[0].mul(Tensor(upstream[0])).sum()
-  for g, u in zip(gots[1:], upstream[1:]): loss = loss + g.mul(Tensor(u)).sum()
-  loss.backward()
-  for i, (mine, reference) in enumerate(zip(ours, theirs)):
-    if not leaf[i]: continue
-    if reference.grad is None:
-      assert mine.grad is None or not mine.grad.numpy().any(), f"input {i}: torch has no gradient, tinyc has {mine.grad.numpy()}"
-      continue
-    assert mine.grad is not None, f"input {i} got no gradient (torch's: {reference.grad})"
-    try: compare(mine.grad, reference.grad, atol, rtol, [mine.dtype])
-    except AssertionError as error: raise AssertionError(f"gradient of input {i}: {error}") from None
+  check_grads({"": (inputs, torch_fn, tinyc_fn)}, atol, rtol, low, high, seed)
+
+def check_grads(cases: dict[str, GradCase], atol: float = 1e-5, rtol: float = 1e-3, low: float = -2.0, high: float = 2.0, seed: int = 0) -> None:
+  """check_grad for many cases at once, as one graph: every output flattened into one tensor and every leaf's gradient into another,
+  so that they compile into a few large kernels instead of many small ones (compiling is where the suite spends its time). When the
+  group fails, each case is checked alone, to name the one that is wrong."""
+  try: _check_grads(list(cases.values()), atol, rtol, low, high, seed)
+  except AssertionError:
+    if len(cases) == 1: raise
+    for name, case in cases.items():
+      try: _check_grads([case], atol, rtol, low, high, seed)
+      except AssertionError as error: raise AssertionError(f"case {name!r}: {error}") from None
+    raise
+
+def _check_grads(cases: list[GradCase], atol: float, rtol: float, low: float, high: float, seed: int) -> None:
+  wants: list[torch.Tensor] = []
+  gots: list[Tensor] = []
+  leaves: list[tuple[Tensor, torch.Tensor]] = []
+  for inputs, torch_fn, tinyc_fn in cases:
+    arrays = [random_array(x, low=low, high=high, seed=seed + len(leaves) + i) if isinstance(x, tuple) else x for i, x in enumerate(inputs)]
+    is_leaf = [np.issubdtype(a.dtype, np.floating) for a in arrays]
+    theirs = [torch.tensor(a, requires_grad=True) if leaf else torch.from_numpy(np.array(a)) for a, leaf in zip(arrays, is_leaf)]
+    ours = [Tensor(a, requires_grad=True) if leaf else Tensor(a) for a, leaf in zip(arrays, is_leaf)]
+    want, got = torch_fn(*theirs), (tinyc_fn or torch_fn)(*ours)
+    want, got = (list(want), list(got)) if isinstance(want, (list, tuple)) else ([want], [got])
+    assert len(got) == len(want), f"got {len(got)} outputs, torch gave {len(want)}"
+    for g, w in zip(got, want):
+      assert isinstance(g, Tensor), f"tinyc returned a {type(g).__name__}, not a Tensor"
+      assert g.shape == tuple(w.shape), f"shape {g.shape} != torch's {tuple(w.shape)}"
+      assert g.dtype == expected_dtype(w.dtype, [t.dtype for t in ours]), f"dtype {g.dtype} != torch's {w.dtype}"
+      assert g.requires_grad, "an op on a tensor that requires grad must give a result that requires grad"
+    wants, gots = wants + want, gots + got
+    leaves += [(o, t) for o, t, leaf in zip(ours, theirs, is_leaf) if leaf]
+  got_all = gots[0].flatten().cat(*[g.flatten() for g in gots[1:]])
+  want_all = torch.cat([w.reshape(-1) for w in wants])
+  compare(got_all, want_all, atol, rtol)
+  upstream = np.random.default_rng(seed + 100).standard_normal(want_all.shape[0]).astype(np.float32)
+  (want_all * torch.from_numpy(upstream)).sum().backward()
+  (got_all * Tensor(upstream)).sum().backward()
+  for i, (mine, reference) in enumerate(leaves):
+    assert reference.grad is None or mine.grad is not None, f"input {i} got no gradient (torch's: {reference.grad})"
+    if mine.grad is not None:
+      assert mine.grad.shape == mine.shape and mine.grad.dtype == mine.dtype, f"input {i}: grad {mine.grad.shape} {mine.grad.dtype}"
+  got_grads = [(m.grad if m.grad is not None else m.zeros_like()).flatten() for m, _ in leaves]
+  want_grads = torch.cat([(r.grad if r.grad is not None else torch.zeros_like(r)).reshape(-1) for _, r in leaves])
+  try: compare(got_grads[0].cat(*got_grads[1:]), want_grads, atol, rtol)
+  except AssertionError as error: raise AssertionError(f"gradients: {error}") from None
