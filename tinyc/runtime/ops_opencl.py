@@ -17,7 +17,11 @@ class CLAllocator(Allocator):
     super().__init__()
     self.context, self.queue = context, queue
   def _alloc(self, nbytes: int) -> Any:
-    try: return cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(nbytes, 1))
+    try:
+      buffer = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(nbytes, 1))
+      # drivers may allocate at first use (NVIDIA's does): touch it now, so running out of memory shows up here, as MemoryError
+      cl.enqueue_fill_buffer(self.queue, buffer, np.zeros(1, np.uint8), 0, 1).wait()
+      return buffer
     except cl.Error as error: raise MemoryError(f"OpenCL could not allocate {nbytes} bytes: {error}") from error
   def _free(self, opaque: Any, nbytes: int) -> None: opaque.release()
   def copyin(self, dest: Any, src: memoryview) -> None: cl.enqueue_copy(self.queue, dest, np.frombuffer(src, dtype=np.uint8), is_blocking=True)
