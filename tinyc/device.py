@@ -106,7 +106,7 @@ def launch_sizes(uops: list[UOp], max_local: int = 256) -> tuple[tuple[int, int,
   so no thread is out of range; dimension 0 (the contiguous axis) gets the most threads, for coalesced memory access."""
   global_size = [1, 1, 1]
   for uop in uops:
-    if uop.op is UOps.SPECIAL: global_size[uop.arg[0]] = uop.arg[2]
+    if uop.op is UOps.SPECIAL and uop.arg[3:] != ("local",): global_size[uop.arg[0]] = uop.arg[2]
   local_size, budget = [1, 1, 1], max_local
   for dim in range(3):
     local_size[dim] = max(d for d in range(1, min(global_size[dim], budget) + 1) if global_size[dim] % d == 0)

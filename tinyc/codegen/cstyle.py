@@ -30,6 +30,9 @@ class CStyleDialect:
   kernel_prefix: str                    # before `void name(...)`
   buffer_prefix: str                    # before each pointer parameter's type
   global_id: Callable[[int], str]       # the global thread index along a launch dimension
+  local_id: Callable[[int], str]        # the thread's index inside its work-group
+  local_prefix: str                     # before a work-group-shared array
+  barrier: str
   type_names: dict[DType, str]          # register types (memory types of 16-bit floats are in memory_names)
   memory_names: dict[DType, str]
   load_half: Callable[[str, str], str]  # (pointer, index) -> float expression
@@ -49,6 +52,7 @@ _XYZ = "xyz"
 
 CUDA_DIALECT = CStyleDialect(
   "CUDA", 'extern "C" __global__ ', "", lambda d: f"(blockIdx.{_XYZ[d]}*blockDim.{_XYZ[d]}+threadIdx.{_XYZ[d]})",
+  lambda d: f"threadIdx.{_XYZ[d]}", "__shared__ ", "__syncthreads();",
   {**_COMMON_TYPES, dtypes.int64: "long long", dtypes.uint64: "unsigned long long"},
   {dtypes.float16: "unsigned short", dtypes.bfloat16: "unsigned short", dtypes.bool: "bool"},
   # half <-> float with the conversion instructions directly: no header needed, so NVRTC works without a CUDA toolkit
@@ -65,6 +69,7 @@ CUDA_DIALECT = CStyleDialect(
 
 OPENCL_DIALECT = CStyleDialect(
   "OpenCL", "__kernel ", "__global ", lambda d: f"(int)get_global_id({d})",
+  lambda d: f"(int)get_local_id({d})", "__local ", "barrier(CLK_LOCAL_MEM_FENCE);",
   {**_COMMON_TYPES, dtypes.int64: "long", dtypes.uint64: "unsigned long", dtypes.uint8: "uchar", dtypes.int8: "char"},
   {dtypes.float16: "half", dtypes.bfloat16: "ushort", dtypes.bool: "uchar"},  # OpenCL has no bool buffers; half pointers need no extension
   lambda ptr, idx: f"vload_half({idx}, {ptr})", lambda ptr, idx, value: f"vstore_half({value}, {idx}, {ptr});",
@@ -175,9 +180,15 @@ class CStyleRenderer:
         assert dtype is not None
         self.names[uop] = self.const(uop.arg, dtype)
       elif uop.op is UOps.SPECIAL:
-        dim, name, size = uop.arg
-        self.emit(f"int {name} = {dialect.global_id(dim)};  /* 0..{size - 1} */")
+        dim, name, size = uop.arg[:3]
+        thread_id = dialect.local_id(dim) if uop.arg[3:] == ("local",) else dialect.global_id(dim)
+        self.emit(f"int {name} = {thread_id};  /* 0..{size - 1} */")
         self.names[uop] = name
+      elif uop.op is UOps.DEFINE_LOCAL:
+        assert dtype is not None
+        self.emit(f"{dialect.local_prefix}{self.memory_type(dtype)} {uop.arg[0]}[{uop.arg[1]}];")
+        self.names[uop] = uop.arg[0]
+      elif uop.op is UOps.BARRIER: self.emit(dialect.barrier)
       elif uop.op is UOps.LOOP:
         name = uop.arg[0]
         if rolled: self.emit("#pragma unroll 1")

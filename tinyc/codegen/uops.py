@@ -10,7 +10,9 @@ from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
 class UOps(Enum):
   DEFINE_GLOBAL = auto()  # arg: (name, is_output); dtype: element type of the buffer
   DEFINE_ACC = auto()     # a mutable local scalar; arg: its initial value. LOAD(acc) reads it, STORE(acc, value) writes it
-  SPECIAL = auto()        # a thread/block id on GPUs; arg: (dim, name, size)
+  SPECIAL = auto()        # a thread id on GPUs; arg: (dim, name, size[, "local"]): the global id, or with "local" the id in the work-group
+  DEFINE_LOCAL = auto()   # memory shared by a work-group (CUDA __shared__, OpenCL __local); arg: (name, size)
+  BARRIER = auto()        # every thread of the work-group waits here, and sees the others' local-memory writes
   LOOP = auto()           # src: (start, end); arg: (the loop variable's name, whether SIMD across its trips pays: every access unit-stride)
   END = auto()            # src: (loop,)
   LOAD = auto()           # src: (buffer, index[, valid]) or (acc,)
