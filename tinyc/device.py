@@ -11,7 +11,7 @@ import numpy as np
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import DEBUG, GlobalCounters, colored, getenv
 from tinyc.ops import LazyOp, MemBuffer
-from tinyc.codegen.kernel import Kernel, Opt
+from tinyc.codegen.kernel import CPU_TARGET, Kernel, KernelTarget, Opt
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.linearizer import Linearizer
 from tinyc.codegen.uops import UOps, UOp
@@ -102,33 +102,49 @@ class Program:
               f"{seconds * 1e6:9.2f} us  {self.flops / seconds * 1e-9:8.2f} GFLOP/s  {self.mem_bytes / seconds * 1e-9:8.2f} GB/s")
 
 def launch_sizes(uops: list[UOp], max_local: int = 256) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-  """(global, local) thread counts from a kernel's SPECIAL uops. The local size divides the global size in every dimension,
-  so no thread is out of range; dimension 0 (the contiguous axis) gets the most threads, for coalesced memory access."""
-  global_size = [1, 1, 1]
+  """(global, local) thread counts from a kernel's SPECIAL uops. With explicit work-groups (group and local ids) they are the
+  kernel's; with global ids only, the local size is the largest that divides the global size in every dimension (so no thread
+  is out of range), dimension 0 (the contiguous axis) first, for coalesced memory access."""
+  groups, local_size = [1, 1, 1], [1, 1, 1]
   for uop in uops:
-    if uop.op is UOps.SPECIAL and uop.arg[3:] != ("local",): global_size[uop.arg[0]] = uop.arg[2]
-  local_size, budget = [1, 1, 1], max_local
-  for dim in range(3):
-    local_size[dim] = max(d for d in range(1, min(global_size[dim], budget) + 1) if global_size[dim] % d == 0)
-    budget //= local_size[dim]
-  return (global_size[0], global_size[1], global_size[2]), (local_size[0], local_size[1], local_size[2])
+    if uop.op is UOps.SPECIAL:
+      dim, _, size, kind = uop.arg
+      (local_size if kind == "local" else groups)[dim] = size
+  if any(uop.op is UOps.SPECIAL and uop.arg[3] == "global" for uop in uops):
+    budget = max_local
+    for dim in range(3):
+      local_size[dim] = max(d for d in range(1, min(groups[dim], budget) + 1) if groups[dim] % d == 0)
+      budget //= local_size[dim]
+    return (groups[0], groups[1], groups[2]), (local_size[0], local_size[1], local_size[2])
+  return (groups[0] * local_size[0], groups[1] * local_size[1], groups[2] * local_size[2]), (local_size[0], local_size[1], local_size[2])
+
+# Handing a range to a pool thread and joining it costs ~50 us (2-core VM), so a thread's share should be several times that: about
+# 4M float ops + bytes moved (~0.5 ms of one core for elementwise kernels, ~0.1 ms for matmuls). Smaller kernels run on one thread.
+CPU_WORK_PER_THREAD = 4 << 20
+
+def cpu_launch_sizes(uops: list[UOp], work: int) -> tuple[tuple[int, int, int] | None, tuple[int, int, int] | None]:
+  """For a CPU backend, which splits a kernel's outermost global loop gidx0 across threads: ((its trips, 1, 1), (the fewest trips
+  worth a thread of their own, 1, 1)), or (None, None) for a kernel without global loops. `work`: float ops + bytes moved."""
+  rows = next((uop.src[1].arg for uop in uops if uop.op is UOps.LOOP and uop.arg[0] == "gidx0"), None)
+  if rows is None: return None, None
+  return (rows, 1, 1), (min(rows, -(-CPU_WORK_PER_THREAD * rows // max(work, 1))), 1, 1)
 
 class Compiled:
   """A backend: allocator + renderer (name, uops -> source) + compiler (name, source -> runnable) + a cache from AST to Program."""
   def __init__(self, name: str, allocator: Allocator, render: Callable[[str, list[UOp]], str], compile: Callable[[str, str], Callable[..., Any]],
-               threads: bool = False, max_local: int = 256) -> None:
+               threads: bool = False, max_local: int = 256, target: KernelTarget = CPU_TARGET) -> None:
     self.name, self.allocator, self.render, self.compile = name, allocator, render, compile
-    self.threads, self.max_local = threads, max_local  # threads: global axes become GPU thread ids
+    self.threads, self.max_local = threads, max_local  # threads: global axes become GPU thread ids; max_local: the automatic work-group size
+    self.target = target
     self.programs: dict[tuple[LazyOp, tuple[Opt, ...] | None], Program] = {}
     self._names: dict[str, int] = defaultdict(int)
 
   def get_program(self, ast: LazyOp, opts: tuple[Opt, ...] | None = None) -> Program:
     """The compiled program for `ast` with these Opts (None: the hand-coded heuristic's, or none with NOOPT=1)."""
     if (program := self.programs.get((ast, opts))) is not None: return program
-    kernel = Kernel(ast)
+    kernel = Kernel(ast, self.target)
     kernel.print_ast()
-    if opts is None:
-      if not self.threads: hand_coded_optimizations(kernel)  # the heuristic is tuned for CPUs; GPUs get theirs later
+    if opts is None: hand_coded_optimizations(kernel)
     else:
       for opt in opts: kernel.apply_opt(opt)
     if DEBUG >= 3: print(f"opts: {kernel.applied_opts}")
@@ -143,7 +159,7 @@ class Compiled:
     if DEBUG >= 3: print(f"compiled {name} in {(time.perf_counter() - started) * 1e3:.2f} ms")
     flops = count_flops(uops)
     mem_bytes = sum(buf.st.real_size() * buf.dtype.itemsize for buf in kernel.bufs if isinstance(buf, MemBuffer))
-    sizes = launch_sizes(uops, self.max_local) if self.threads else (None, None)
+    sizes = launch_sizes(uops, self.max_local) if self.threads else cpu_launch_sizes(uops, flops + mem_bytes)
     self.programs[(ast, opts)] = program = Program(name, self.name, run, flops, mem_bytes, *sizes)
     return program
 
@@ -154,7 +170,7 @@ def count_flops(uops: list[UOp]) -> int:
     if uop.op is UOps.LOOP:
       loop_sizes.append(uop.src[1].arg)
       trips *= uop.src[1].arg
-    elif uop.op is UOps.END: trips //= loop_sizes.pop()
+    elif uop.op is UOps.END and uop.src[0].op is UOps.LOOP: trips //= loop_sizes.pop()
     elif uop.op is UOps.SPECIAL: trips *= uop.arg[2]  # one GPU thread per index
     elif uop.op is UOps.ALU and uop.dtype is not None and dtypes.is_float(uop.dtype): flops += trips
   return flops

@@ -3,6 +3,7 @@ LazyBuffer is a *view*: a base seen through a ShapeTracker, which is why movemen
 Imports helpers, dtype, ops, shape/, device.
 """
 from __future__ import annotations
+import math
 from typing import Any
 import numpy as np
 from tinyc.dtype import DType, dtypes
@@ -63,6 +64,14 @@ class LazyBuffer:
     """Reduce over `axis`, keeping each reduced dim as size 1."""
     new_shape = tuple(1 if i in axis else s for i, s in enumerate(self.shape))
     if new_shape == self.shape: return self
+    if (split := _reduce_split(self.shape, axis)) is not None:
+      # a long reduce into few outputs runs as two: first each of `parts` chunks of the longest reduced dim (many outputs,
+      # which GPU work-groups and CPU threads share), then the partial results
+      dim, parts = split
+      split_shape = self.shape[:dim] + (parts, self.shape[dim] // parts) + self.shape[dim + 1:]
+      first_axes = tuple(a + (a >= dim) for a in axis)
+      partial = self.reshape(split_shape).reduce(op, first_axes).reshape(new_shape[:dim] + (parts,) + new_shape[dim + 1:])
+      return partial.reduce(op, (dim,))
     return LazyBuffer(self.device, ShapeTracker.from_shape(new_shape), self.dtype, op, axis, (self,))
 
   def contiguous(self) -> LazyBuffer:
@@ -92,3 +101,14 @@ class LazyBuffer:
   def shrink(self, bounds: tuple[tuple[int, int], ...]) -> LazyBuffer:
     return self if all(b == (0, s) for b, s in zip(bounds, self.shape)) else self._view(self.st.shrink(bounds))
   def stride(self, steps: tuple[int, ...]) -> LazyBuffer: return self if all(s == 1 for s in steps) else self._view(self.st.stride(steps))
+
+REDUCE_SPLIT_THRESHOLD = 32768  # elements per output from which a reduce is split in two
+
+def _reduce_split(shape: tuple[int, ...], axis: tuple[int, ...]) -> tuple[int, int] | None:
+  """(dim, parts) to split a long reduce into few outputs at, or None: the longest reduced dim, in as many parts (at most 1024,
+  at most the square root of its size, at least 16) as divide it."""
+  per_output = prod(shape[a] for a in axis)
+  if per_output < REDUCE_SPLIT_THRESHOLD or prod(shape) // per_output >= 1024: return None
+  dim = max(axis, key=lambda a: shape[a])
+  parts = next((d for d in range(min(1024, math.isqrt(shape[dim])), 15, -1) if shape[dim] % d == 0), None)
+  return None if parts is None else (dim, parts)

@@ -31,6 +31,7 @@ class CStyleDialect:
   buffer_prefix: str                    # before each pointer parameter's type
   global_id: Callable[[int], str]       # the global thread index along a launch dimension
   local_id: Callable[[int], str]        # the thread's index inside its work-group
+  group_id: Callable[[int], str]        # the work-group's index
   local_prefix: str                     # before a work-group-shared array
   barrier: str
   type_names: dict[DType, str]          # register types (memory types of 16-bit floats are in memory_names)
@@ -52,7 +53,7 @@ _XYZ = "xyz"
 
 CUDA_DIALECT = CStyleDialect(
   "CUDA", 'extern "C" __global__ ', "", lambda d: f"(blockIdx.{_XYZ[d]}*blockDim.{_XYZ[d]}+threadIdx.{_XYZ[d]})",
-  lambda d: f"threadIdx.{_XYZ[d]}", "__shared__ ", "__syncthreads();",
+  lambda d: f"threadIdx.{_XYZ[d]}", lambda d: f"blockIdx.{_XYZ[d]}", "__shared__ ", "__syncthreads();",
   {**_COMMON_TYPES, dtypes.int64: "long long", dtypes.uint64: "unsigned long long"},
   {dtypes.float16: "unsigned short", dtypes.bfloat16: "unsigned short", dtypes.bool: "bool"},
   # half <-> float with the conversion instructions directly: no header needed, so NVRTC works without a CUDA toolkit
@@ -69,7 +70,7 @@ CUDA_DIALECT = CStyleDialect(
 
 OPENCL_DIALECT = CStyleDialect(
   "OpenCL", "__kernel ", "__global ", lambda d: f"(int)get_global_id({d})",
-  lambda d: f"(int)get_local_id({d})", "__local ", "barrier(CLK_LOCAL_MEM_FENCE);",
+  lambda d: f"(int)get_local_id({d})", lambda d: f"(int)get_group_id({d})", "__local ", "barrier(CLK_LOCAL_MEM_FENCE);",
   {**_COMMON_TYPES, dtypes.int64: "long", dtypes.uint64: "unsigned long", dtypes.uint8: "uchar", dtypes.int8: "char"},
   {dtypes.float16: "half", dtypes.bfloat16: "ushort", dtypes.bool: "uchar"},  # OpenCL has no bool buffers; half pointers need no extension
   lambda ptr, idx: f"vload_half({idx}, {ptr})", lambda ptr, idx, value: f"vstore_half({value}, {idx}, {ptr});",
@@ -180,8 +181,8 @@ class CStyleRenderer:
         assert dtype is not None
         self.names[uop] = self.const(uop.arg, dtype)
       elif uop.op is UOps.SPECIAL:
-        dim, name, size = uop.arg[:3]
-        thread_id = dialect.local_id(dim) if uop.arg[3:] == ("local",) else dialect.global_id(dim)
+        dim, name, size, kind = uop.arg
+        thread_id = {"global": dialect.global_id, "group": dialect.group_id, "local": dialect.local_id}[kind](dim)
         self.emit(f"int {name} = {thread_id};  /* 0..{size - 1} */")
         self.names[uop] = name
       elif uop.op is UOps.DEFINE_LOCAL:
@@ -194,6 +195,9 @@ class CStyleRenderer:
         if rolled: self.emit("#pragma unroll 1")
         self.emit(f"for (int {name} = {self.value(uop.src[0])}; {name} < {self.value(uop.src[1])}; {name}++) {{")
         self.names[uop] = name
+        self.depth += 1
+      elif uop.op is UOps.IF:
+        self.emit(f"if ({self.value(uop.src[0])}) {{")
         self.depth += 1
       elif uop.op is UOps.END:
         self.depth -= 1
@@ -210,7 +214,8 @@ class CStyleRenderer:
         if uop.src[0].op is UOps.DEFINE_ACC: self.emit(f"{self.value(uop.src[0])} = {self.value(uop.src[1])};")
         else:
           assert uop.src[2].dtype is not None
-          self.emit(self.store(self.value(uop.src[0]), self.value(uop.src[1]), self.value(uop.src[2]), uop.src[2].dtype))
+          store = self.store(self.value(uop.src[0]), self.value(uop.src[1]), self.value(uop.src[2]), uop.src[2].dtype)
+          self.emit(f"if ({self.value(uop.src[3])}) {store}" if len(uop.src) == 4 else store)
       elif uop.op is UOps.ALU: self.define(uop, self.alu(uop), "alu")
       elif uop.op is UOps.CAST: self.define(uop, self.cast(uop), "cast")
       elif uop.op is UOps.BITCAST: self.define(uop, self.bitcast(uop), "cast")

@@ -1,20 +1,29 @@
 """Layer 3: hand_coded_optimizations, the default Opts for a kernel when no search is asked for. Imports helpers, ops,
 codegen/kernel.
 
-Measured on this project's CPUs (AVX-512, matmul 512, one core): the naive loop nest runs at 1.5 GFLOP/s when the reduce
+CPUs. Measured on this project's CPUs (AVX-512, matmul 512, one core): the naive loop nest runs at 1.5 GFLOP/s when the reduce
 walks a buffer with a stride (a @ b) and 57 GFLOP/s when every buffer is contiguous along it (a @ b.T: LLVM vectorizes
 the reduce loop). Upcasting the output's contiguous axis by 16 and a broadcast axis by 4 lifts a @ b to 79 GFLOP/s (the
 16 lanes become vector FMAs, each load of the other operand is reused 16 times); a 4x4 tile of broadcast axes lifts
 a @ b.T to 180 GFLOP/s.
+
+GPUs (the kernel's target has work-groups). A thread per output with a serial loop leaves most of the GPU idle when outputs
+are few, and walks memory uncoalesced when each thread reads its own row: a long reduce into fewer outputs than the GPU has
+threads is split across a work-group (GROUP: neighbouring threads read neighbouring elements), after an UNROLL of 4 so each
+thread reads 16-byte vectors. Matmul and conv reuse loads: a 4x4 register tile of broadcast axes (each load feeds 4 FMAs),
+then a 16x16 work-group tile so neighbouring threads share cache lines. Elementwise kernels get 4 lanes along their
+contiguous axis, for 16-byte loads and stores, and the runtime's work-group size.
 """
 from __future__ import annotations
-from tinyc.helpers import NOOPT
+from tinyc.helpers import NOOPT, prod
 from tinyc.ops import MemBuffer
 from tinyc.codegen.kernel import MAX_UPCAST, Kernel, KernelOptError, Opt, OptOps
 
 def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   """Apply the heuristic's Opts to `kernel` and return them (none with NOOPT=1)."""
-  if NOOPT or kernel.reduceop is None: return []  # elementwise loops are vectorized by LLVM as they are
+  if NOOPT: return []
+  if kernel.target.has_local: return _gpu_optimizations(kernel)
+  if kernel.reduceop is None: return []  # elementwise loops are vectorized by LLVM as they are
   # strides ignoring masks: a padded input still walks memory with these strides where it is valid
   inputs = [i for i, buf in enumerate(kernel.bufs) if isinstance(buf, MemBuffer) and buf.idx != 0]
   def strides(i: int) -> tuple[int | None, ...]: return kernel.sts[i].real_strides(ignore_valid=True)
@@ -48,3 +57,40 @@ def _try_upcast(kernel: Kernel, axes: list[int], amounts: tuple[int, ...]) -> in
         return axis
       except KernelOptError: continue
   return None
+
+GPU_THREADS = 1 << 18  # threads that keep an H200 busy (132 SMs x 2048)
+
+def _gpu_optimizations(kernel: Kernel) -> list[Opt]:
+  inputs = [i for i, buf in enumerate(kernel.bufs) if isinstance(buf, MemBuffer) and buf.idx != 0]
+  def strides(i: int) -> tuple[int | None, ...]: return kernel.sts[i].real_strides(ignore_valid=True)
+  outputs = prod(kernel.full_shape[:kernel.first_reduce])
+  if kernel.reduceop is None:
+    contiguous = [axis for axis in range(kernel.first_reduce) if strides(0)[axis] == 1]
+    _try_upcast(kernel, contiguous[-1:], (4,))
+    return kernel.applied_opts
+  last_reduce = kernel.shape_len - kernel.upcasted - 1
+  reduce_size = prod(kernel.full_shape[kernel.first_reduce:kernel.shape_len - kernel.upcasted])
+  if outputs * 16 < GPU_THREADS and reduce_size >= 256:  # few outputs: each becomes a work-group
+    if any(strides(i)[last_reduce] == 1 for i in inputs): _try(kernel, Opt(OptOps.UNROLL, last_reduce - kernel.first_reduce, 4))
+    for amount in (256, 128, 64, 32, 16):
+      if _try(kernel, Opt(OptOps.GROUP, kernel.shape_len - kernel.upcasted - 1 - kernel.first_reduce, amount)): break
+    return kernel.applied_opts
+  # register tile: 4 lanes along two axes that an input is broadcast along
+  for _ in range(2):
+    tiled = [axis for axis in _broadcast_axes(kernel, inputs) if kernel.full_shape[axis] >= 16]
+    _try_upcast(kernel, tiled, (4,))
+  if kernel.full_shape[last_reduce] >= 8: _try(kernel, Opt(OptOps.UNROLL, last_reduce - kernel.first_reduce, 4))
+  # work-group tile: up to 16 threads along each of the two innermost global axes
+  budget = 256
+  for axis in reversed(range(kernel.global_dims)):
+    for amount in (16, 8, 4, 2):
+      if amount <= budget and _try(kernel, Opt(OptOps.LOCAL, axis, amount)):
+        budget //= amount
+        break
+    if budget < 256 // 16: break
+  return kernel.applied_opts
+
+def _try(kernel: Kernel, opt: Opt) -> bool:
+  try: kernel.apply_opt(opt)
+  except KernelOptError: return False
+  return True

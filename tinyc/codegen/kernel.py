@@ -1,21 +1,32 @@
-"""Layer 3: Kernel, one AST with a ShapeTracker per buffer and the layout of its axes. Imports helpers, dtype, ops, shape/.
+"""Layer 3: Kernel, one AST with a ShapeTracker per buffer and the layout of its axes. Imports helpers, ops, shape/, codegen/uops.
 
-Axis layout of `full_shape`: [global axes | reduce axes | upcast axes]. Every buffer's tracker has the same number of dims;
-the output (and anything read after the reduce) has size 1 in the reduce axes. The last `upcasted` axes are unrolled into
-straight-line code: an output axis there (UPCAST) gives each lane its own accumulator and store, a reduce axis (UNROLL)
-adds several elements per loop trip. Every optimization is an `Opt` applied by `apply_opt`, which reshapes and permutes
-all trackers at once, so the layout stays the single source of truth and a kernel's optimization is a replayable list.
+Axis layout of `full_shape`: [global | local | group | reduce | upcast]. Every buffer's tracker has the same number of dims;
+the output (and anything read after the reduce) has size 1 in the group and reduce axes.
+- global axes are loops on a CPU and work-group (block) ids on a GPU; local axes are thread ids inside a work-group.
+- group axes split a reduce across a work-group's threads: each thread reduces its share, the partial results meet in
+  local memory after a barrier, and the threads with group id 0 finish the reduce and store.
+- reduce axes are loops; the last `upcasted` axes are unrolled into straight-line code: an output axis there (UPCAST) gives
+  each lane its own accumulator and store, a reduce axis (UNROLL) adds several elements per loop trip.
+Every optimization is an `Opt` applied by `apply_opt`, which reshapes and permutes all trackers at once, so the layout stays
+the single source of truth and a kernel's optimization is a replayable list.
 """
 from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, auto
+from typing import Callable, Sequence
 from tinyc.helpers import DEBUG, dedup, prod, to_function_name
-from tinyc.ops import BufferOps, ConstBuffer, LazyOp, MemBuffer, ReduceOps
+from tinyc.ops import BufferOps, ConstBuffer, LazyOp, MemBuffer, ReduceOps, UnaryOps
+from tinyc.codegen.uops import PYTHON_ALU
 from tinyc.shape.shapetracker import ShapeTracker
 
 class OptOps(Enum):
-  UPCAST = auto()  # unroll a global axis by `amount` (0: all of it): register tiling, vectorizable lanes
-  UNROLL = auto()  # unroll a reduce axis by `amount` (0: all of it); `axis` counts from the first reduce axis
+  UPCAST = auto()    # unroll a global axis by `amount` (0: all of it): register tiling, vectorizable lanes
+  UNROLL = auto()    # unroll a reduce axis by `amount` (0: all of it); `axis` counts from the first reduce loop
+  LOCAL = auto()     # make `amount` of a global axis thread ids inside a work-group (GPUs)
+  GROUP = auto()     # split a reduce axis across `amount` threads of a work-group, neighbouring threads reading neighbouring elements
+  GROUPTOP = auto()  # the same, each thread reading a contiguous run
+  PADTO = auto()     # pad a global or reduce axis up to a multiple of `amount` (the padding is masked), so other Opts divide it
+  NOLOCALS = auto()  # no LOCAL or GROUP: the runtime picks the work-group size
 
 @dataclass(frozen=True)
 class Opt:
@@ -27,12 +38,21 @@ class Opt:
 class KernelOptError(ValueError):
   """An Opt that does not apply to this kernel; the kernel is left as it was."""
 
+@dataclass(frozen=True)
+class KernelTarget:
+  """What a device offers a kernel: work-groups of threads that share local memory (GPUs) and their limits."""
+  has_local: bool = False
+  max_local_size: int = 1024         # threads in one work-group
+  local_memory_bytes: int = 48 * 1024
+  max_local_dim_sizes: tuple[int, ...] = (1024, 1024, 64)  # threads along each launch dimension (x, y, z)
+
+CPU_TARGET = KernelTarget()
 MAX_UPCAST = 64  # lanes of straight-line code per loop trip: beyond this, code size and register spills cost more than reuse saves
 
 class Kernel:
-  def __init__(self, ast: LazyOp) -> None:
+  def __init__(self, ast: LazyOp, target: KernelTarget = CPU_TARGET) -> None:
     assert ast.op is BufferOps.STORE, f"a kernel's AST must end in a STORE, not {ast.op}"
-    self.ast = ast
+    self.ast, self.target = ast, target
     nodes = ast.walk()
     reduceops = [node for node in nodes if node.op in ReduceOps]
     assert len(reduceops) <= 1, f"a kernel has at most one reduce, this AST has {len(reduceops)}"
@@ -44,7 +64,8 @@ class Kernel:
     assert len(ndims) == 1, f"every buffer of a kernel needs the same number of dims, got shapes {[st.shape for st in self.sts]}"
     # the reduce's input has the full shape; its output (= the kernel's output) has 1 in each reduced axis
     self.full_shape: tuple[int, ...] = max((st.shape for st in self.sts), key=prod) if self.reduceop is None else self._reduce_input_shape()
-    self.upcasted = 0
+    self.upcasted, self.local_dims, self.group_for_reduce = 0, 0, 0
+    self.dont_use_locals = False
     self.applied_opts: list[Opt] = []
     self._move_reduce_axes_last()
     self._drop_size_one_axes()
@@ -61,15 +82,32 @@ class Kernel:
   def shape_len(self) -> int: return len(self.full_shape)
   @property
   def first_reduce(self) -> int:
-    """Index of the first reduce axis before the upcast axes (== shape_len - upcasted when there is none)."""
+    """Index of the first group or reduce axis (== shape_len - upcasted when there is none)."""
     loops = self.shape_len - self.upcasted
     return next((axis for axis, (full, out) in enumerate(zip(self.full_shape[:loops], self.output_shape)) if full != out), loops)
   @property
+  def global_dims(self) -> int: return self.first_reduce - self.local_dims
+  @property
+  def first_reduce_loop(self) -> int: return self.first_reduce + self.group_for_reduce
+  @property
+  def upcast_axes(self) -> range: return range(self.shape_len - self.upcasted, self.shape_len)
+  @property
   def upcast_size(self) -> int: return prod(self.full_shape[self.shape_len - self.upcasted:])
   @property
-  def global_dims(self) -> int: return self.first_reduce
+  def output_lanes(self) -> int:
+    """Upcast lanes that are separate outputs (UPCAST, not UNROLL): one accumulator each."""
+    return prod(self.full_shape[axis] for axis in self.upcast_axes if self.full_shape[axis] == self.output_shape[axis])
+  @property
+  def local_size(self) -> int:
+    """Threads in a work-group: the product of the local and group axes."""
+    return prod(self.full_shape[self.global_dims:self.first_reduce_loop])
+  @property
+  def local_memory_bytes(self) -> int:
+    """Local memory the group reduce needs: one partial result per thread and output lane."""
+    if not self.group_for_reduce or self.reduceop is None: return 0
+    return self.local_size * self.output_lanes * self.reduceop.dtype.itemsize
 
-  def reshape_and_permute(self, new_shape_fn, order: tuple[int, ...] | None) -> None:  # type: ignore[no-untyped-def]
+  def reshape_and_permute(self, new_shape_fn: Callable[[tuple[int, ...]], list[int]] | None, order: tuple[int, ...] | None) -> None:
     """Apply the same reshape (new_shape_fn maps a tracker's shape to its new shape) and permute to every buffer."""
     new_sts = []
     for st in self.sts:
@@ -81,40 +119,98 @@ class Kernel:
     if order is not None: self.full_shape = tuple(self.full_shape[i] for i in order)
 
   def limit_global_dims(self, limit: int) -> None:
-    """Merge the leading global axes so at most `limit` remain (GPUs launch at most 3 dimensions of threads)."""
-    if self.first_reduce <= limit: return
-    merged = self.first_reduce - limit + 1
+    """Merge the leading global axes so at most `limit` remain (GPUs launch at most 3 dimensions of work-groups)."""
+    if self.global_dims <= limit: return
+    merged = self.global_dims - limit + 1
     self.reshape_and_permute(lambda shape: [prod(shape[:merged])] + list(shape[merged:]), None)
 
-  def shift_to(self, axis: int, amount: int) -> None:
-    """Split `axis` into (size // amount, amount) and move the `amount` part to the end (it becomes the last upcast axis)."""
+  def shift_to(self, axis: int, amount: int, top: bool = False, insert_before: int | None = None) -> None:
+    """Split `axis` into (size // amount, amount), or (amount, size // amount) with `top`, and move the `amount` part to just
+    before axis `insert_before` (default: the end, where it becomes the last upcast axis). Axes of size 1 split into (1, 1)."""
+    if insert_before is None: insert_before = self.shape_len
+    moved = axis if top else axis + 1
+    if moved < insert_before: insert_before += 1
     def split(shape: tuple[int, ...]) -> list[int]:
-      part = amount if shape[axis] != 1 else 1  # the output and epilogue buffers have size 1 on reduce axes
-      return list(shape[:axis]) + [shape[axis] // part, part] + list(shape[axis + 1:])
-    self.reshape_and_permute(split, tuple(i for i in range(self.shape_len + 1) if i != axis + 1) + (axis + 1,))
+      parts = ([amount, shape[axis] // amount] if top else [shape[axis] // amount, amount]) if shape[axis] != 1 else [1, 1]
+      return list(shape[:axis]) + parts + list(shape[axis + 1:])
+    order = [i for i in range(insert_before) if i != moved] + [moved] + [i for i in range(insert_before, self.shape_len + 1) if i != moved]
+    self.reshape_and_permute(split, tuple(order))
 
+  # ---- optimizations ----
   def apply_opt(self, opt: Opt) -> None:
     """Apply one optimization, or raise KernelOptError and change nothing."""
-    axis = opt.axis + (self.first_reduce if opt.op is OptOps.UNROLL else 0)
-    allowed = range(0, self.first_reduce) if opt.op is OptOps.UPCAST else range(self.first_reduce, self.shape_len - self.upcasted)
-    if axis not in allowed: raise KernelOptError(f"{opt}: axis {opt.axis} is not one of this kernel's {opt.op.name.lower()}able axes {allowed}")
-    size = self.full_shape[axis]
-    amount = size if opt.amount == 0 else opt.amount
-    if amount <= 1 or size % amount: raise KernelOptError(f"{opt}: amount {amount} must be > 1 and divide the axis size {size}")
-    if self.upcast_size * amount > MAX_UPCAST:
-      raise KernelOptError(f"{opt}: {self.upcast_size * amount} lanes is over the limit of {MAX_UPCAST}; use a smaller amount")
-    self.shift_to(axis, amount)
-    if amount == size: self._drop_size_one_axes()
-    self.upcasted += 1
+    saved = (self.sts, self.full_shape, self.upcasted, self.local_dims, self.group_for_reduce, self.dont_use_locals)
+    try:
+      self._apply(opt)
+      self._check_limits(opt)
+    except KernelOptError:
+      self.sts, self.full_shape, self.upcasted, self.local_dims, self.group_for_reduce, self.dont_use_locals = saved
+      raise
     self.applied_opts.append(opt)
 
+  def _apply(self, opt: Opt) -> None:
+    if opt.op is OptOps.NOLOCALS:
+      _check(self.target.has_local, opt, "this device has no work-groups")
+      _check(not self.dont_use_locals and not self.local_dims and not self.group_for_reduce, opt, "the kernel already chose its locals")
+      self.dont_use_locals = True
+      return
+    first_loop = self.first_reduce_loop
+    loop_axes = range(first_loop, self.shape_len - self.upcasted)
+    allowed = {OptOps.UPCAST: range(self.global_dims), OptOps.LOCAL: range(self.global_dims), OptOps.UNROLL: loop_axes,
+               OptOps.GROUP: loop_axes, OptOps.GROUPTOP: loop_axes, OptOps.PADTO: [*range(self.global_dims), *loop_axes]}[opt.op]
+    axis = opt.axis + (first_loop if opt.op in (OptOps.UNROLL, OptOps.GROUP, OptOps.GROUPTOP) else 0)
+    _check(axis in allowed, opt, f"axis {opt.axis} is not one of this kernel's axes for it ({_describe(allowed)} in {self.full_shape})")
+    size = self.full_shape[axis]
+    if opt.op is OptOps.PADTO: return self._pad_to(opt, axis, size)
+    amount = size if opt.amount == 0 else opt.amount
+    _check(amount > 1 and size % amount == 0, opt, f"amount {amount} must be > 1 and divide the axis size {size}")
+    if opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
+      _check(self.target.has_local, opt, "this device has no work-groups")
+      _check(not self.dont_use_locals, opt, "NOLOCALS was applied")
+    if opt.op in (OptOps.GROUP, OptOps.GROUPTOP): _check(self.reduceop is not None, opt, "the kernel has no reduce")
+    if opt.op is OptOps.LOCAL:
+      self.shift_to(axis, amount, insert_before=self.first_reduce)
+      self.local_dims += 1
+    elif opt.op in (OptOps.GROUP, OptOps.GROUPTOP):
+      self.shift_to(axis, amount, top=opt.op is OptOps.GROUPTOP, insert_before=first_loop)
+      self.group_for_reduce += 1
+    else:
+      self.shift_to(axis, amount)
+      self.upcasted += 1
+    if amount == size: self._drop_size_one_axes()
+
+  def _pad_to(self, opt: Opt, axis: int, size: int) -> None:
+    padded = -(-size // opt.amount) * opt.amount if opt.amount > 1 else size
+    _check(padded != size, opt, f"the axis size {size} is already a multiple of {opt.amount}")
+    _check(padded - size <= size // 2, opt, f"padding {size} to {padded} wastes more than a third of the work")
+    if axis >= self.first_reduce:
+      assert self.reduceop is not None
+      _check(self.reduceop.op is ReduceOps.SUM and _is_zero_where_padded(self.reduceop.src[0]), opt,
+             "padding a reduce axis needs a sum whose input is 0 wherever the loads are padded")
+    pad = lambda shape: tuple((0, padded - size if i == axis and shape[i] == size else 0) for i in range(len(shape)))  # noqa: E731
+    self.sts = [st.pad(pad(st.shape)) for st in self.sts]
+    self.full_shape = tuple(padded if i == axis else s for i, s in enumerate(self.full_shape))
+
+  def _check_limits(self, opt: Opt) -> None:
+    _check(self.upcast_size <= MAX_UPCAST, opt, f"{self.upcast_size} upcast lanes is over the limit of {MAX_UPCAST}; use a smaller amount")
+    _check(self.local_size <= self.target.max_local_size, opt,
+           f"{self.local_size} threads per work-group is over this device's {self.target.max_local_size}; use a smaller amount")
+    thread_axes = self.full_shape[self.global_dims:self.first_reduce_loop]  # the last is launch dimension 0
+    limits = self.target.max_local_dim_sizes
+    _check(len(thread_axes) <= len(limits), opt, "no launch dimension is left for another local axis")
+    _check(all(size <= limit for size, limit in zip(reversed(thread_axes), limits)), opt, f"local axes {thread_axes} exceed the device's {limits}")
+    _check(self.local_memory_bytes <= self.target.local_memory_bytes, opt,
+           f"the group reduce needs {self.local_memory_bytes} bytes of local memory, over this device's {self.target.local_memory_bytes}; "
+           "reduce the local size or the upcast")
+
+  # ---- the canonical layout ----
   def _move_reduce_axes_last(self) -> None:
     kept = [axis for axis, (full, out) in enumerate(zip(self.full_shape, self.output_shape)) if full == out]
     reduced = [axis for axis, (full, out) in enumerate(zip(self.full_shape, self.output_shape)) if full != out]
     if reduced and kept + reduced != list(range(self.shape_len)): self.reshape_and_permute(None, tuple(kept + reduced))
 
   def _drop_size_one_axes(self) -> None:
-    """Drop size-1 axes; upcast axes are never size 1, so the upcast count stays right."""
+    """Drop size-1 axes; local, group and upcast axes are never size 1, so their counts stay right."""
     if 1 not in self.full_shape: return
     keep = [axis for axis, size in enumerate(self.full_shape) if size != 1] or [0]
     self.reshape_and_permute(lambda shape: [shape[axis] for axis in keep], None)
@@ -158,3 +254,18 @@ def _format_ast(node: LazyOp, depth: int = 0) -> str:
   lines = [f"{'  ' * depth}{node.op.name} {arg if arg is not None else ''}".rstrip()]
   lines += [_format_ast(src, depth + 1) for src in node.src]
   return "\n".join(lines)
+
+def _check(condition: bool, opt: Opt, reason: str) -> None:
+  if not condition: raise KernelOptError(f"{opt}: {reason}")
+
+def _describe(axes: Sequence[int]) -> str: return f"axes {list(axes)}" if len(axes) else "no axes"
+
+def _is_zero_where_padded(node: LazyOp) -> bool:
+  """Whether `node` is 0 where every load reads padding (a padded load reads 0): only then may a sum's axis be padded."""
+  def value(node: LazyOp) -> object:
+    if node.op in (BufferOps.LOAD, BufferOps.CONST): return 0
+    sources = [value(src) for src in node.src]
+    if node.op in (UnaryOps.CAST, UnaryOps.BITCAST): return sources[0]
+    return PYTHON_ALU[node.op](*sources)
+  try: return value(node) == 0
+  except (KeyError, ArithmeticError, ValueError): return False

@@ -6,7 +6,7 @@ A UOp made inside a loop is only reused inside that loop, so every renderer can 
 """
 from __future__ import annotations
 import itertools
-from typing import Any, Callable, cast
+from typing import Any, Callable, Sequence, cast
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import DEBUG, prod
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, ReduceOps, TernaryOps, UnaryOps
@@ -58,18 +58,18 @@ class Linearizer:
     if value.op is UOps.CONST: return self.const(value.arg, dtype)
     return self.uop(UOps.CAST, dtype, (value,))
 
-  def loop(self, name: str, size: int, axis: int) -> UOp:
+  def loop(self, name: str, size: int, axis: int | None) -> UOp:
     bounds = (self.const(0, self.index_dtype), self.const(size, self.index_dtype))
     loop = self.uop(UOps.LOOP, self.index_dtype, bounds, (name, self._worth_vectorizing(axis)), pure=False)
     self.loop_uops[name] = loop
     self._scopes.append([])
     return loop
 
-  def _worth_vectorizing(self, axis: int) -> bool:
+  def _worth_vectorizing(self, axis: int | None) -> bool:
     """Whether LLVM should vectorize across this loop's trips: only for a long loop along which every buffer moves by 0 or
     1 elements. Otherwise it takes gathers or masked tails, and packing the upcast lanes (SLP) is the better plan."""
     kernel = self.kernel
-    return kernel.full_shape[axis] >= 16 and all(st.real_strides()[axis] in (0, 1) for st, buf in zip(kernel.sts, kernel.bufs)
+    return axis is not None and kernel.full_shape[axis] >= 16 and all(st.real_strides()[axis] in (0, 1) for st, buf in zip(kernel.sts, kernel.bufs)
                                                  if isinstance(buf, MemBuffer))
 
   def end(self, loop: UOp) -> None:
@@ -127,40 +127,56 @@ class Linearizer:
     dtype_of_buffer = {buf.idx: buf.dtype for buf in kernel.bufs if isinstance(buf, MemBuffer)}
     self.globals = {idx: self.uop(UOps.DEFINE_GLOBAL, dtype, (), (f"data{idx}", idx == 0), pure=False)
                     for idx, dtype in sorted(dtype_of_buffer.items())}
-    global_idxs: list[Node] = [Variable(f"gidx{axis}", 0, size - 1) for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
-    if self.threads:
-      for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce]):
-        dim = kernel.first_reduce - 1 - axis
-        self.loop_uops[f"gidx{axis}"] = self.uop(UOps.SPECIAL, self.index_dtype, (), (dim, f"gidx{axis}", size), pure=False)
-      global_loops = []
-    else: global_loops = [self.loop(f"gidx{axis}", size, axis) for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
-    upcast_axes = list(range(kernel.shape_len - kernel.upcasted, kernel.shape_len))
+    outer_idxs, group_idxs, global_loops = self.outer_indices()
+    upcast_axes = list(kernel.upcast_axes)
     unrolled_reduce_axes = {axis: 0 for axis in upcast_axes if kernel.output_shape[axis] != kernel.full_shape[axis]}
-    reduce_loop_count = kernel.shape_len - kernel.upcasted - kernel.first_reduce
-    # after the reduce (and in a kernel without one) the reduce axes read index 0: the output has size 1 there
-    output_lanes = self.lanes(global_idxs + [NumNode(0)] * reduce_loop_count, upcast_axes, unrolled_reduce_axes)
-    reduced = self.reduce(kernel.reduceop, global_idxs, upcast_axes, unrolled_reduce_axes) if kernel.reduceop is not None else None
+    # after the reduce (and in a kernel without one) the group and reduce axes read index 0: the output has size 1 there
+    output_lanes = self.lanes(outer_idxs + [NumNode(0)] * (kernel.shape_len - kernel.upcasted - kernel.first_reduce), upcast_axes,
+                              unrolled_reduce_axes)
+    reduced = self.reduce(kernel.reduceop, outer_idxs, group_idxs, upcast_axes) if kernel.reduceop is not None else None
     values = self.parse(kernel.ast.src[0], output_lanes, reduced)
     for idxs, value in zip(output_lanes, values):
       index, valid = kernel.sts[0].expr_idxs(idxs)
-      assert valid.min == 1, f"the output must be written everywhere, its validity is {valid}"
-      self.uop(UOps.STORE, None, (self.globals[0], self.index(index), self.cast(value, kernel.bufs[0].dtype)), pure=False)
-    for loop in reversed(global_loops): self.end(loop)
+      gate: tuple[UOp, ...] = ()
+      if valid.max == 0: continue  # a lane that is all PADTO padding
+      if valid.min == 0:  # only PADTO's padding is not written
+        gate, index = (self.index(valid),), simplify_given_valid(index, valid)
+      self.uop(UOps.STORE, None, (self.globals[0], self.index(index), self.cast(value, kernel.bufs[0].dtype)) + gate, pure=False)
+    for block in reversed(global_loops + self.open_ifs): self.end(block)
     if DEBUG >= 5:
       for uop in self.uops: print(uop)
     return self.uops
 
-  def reduce(self, reduceop: LazyOp, global_idxs: list[Node], upcast_axes: list[int], unrolled: dict[int, int]) -> list[UOp]:
+  def outer_indices(self) -> tuple[list[Node], list[Node], list[UOp]]:
+    """Index variables of the global and local axes, of the group axes, and the loops opened for them (on a CPU).
+    On a GPU with local or group axes, global axes are work-group ids and the others thread ids inside the work-group;
+    without them, global axes are global thread ids and the runtime picks the work-group size. The last axis of each kind is
+    launch dimension 0, so neighbouring threads touch neighbouring memory."""
+    kernel = self.kernel
+    self.open_ifs: list[UOp] = []
+    idxs: list[Node] = []
+    explicit_locals = kernel.local_dims + kernel.group_for_reduce > 0
+    for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce_loop]):
+      is_local = axis >= kernel.global_dims
+      name = f"{'l' if is_local else 'g'}idx{axis}"
+      idxs.append(Variable(name, 0, size - 1))
+      if not self.threads: continue
+      dim = kernel.first_reduce_loop - 1 - axis if is_local else kernel.global_dims - 1 - axis
+      kind = "local" if is_local else ("group" if explicit_locals else "global")
+      self.loop_uops[name] = self.uop(UOps.SPECIAL, self.index_dtype, (), (dim, name, size, kind), pure=False)
+    assert self.threads or not explicit_locals, "local and group axes need a GPU"
+    loops = [] if self.threads else [self.loop(f"gidx{axis}", size, axis) for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
+    return idxs[:kernel.first_reduce], idxs[kernel.first_reduce:], loops
+
+  def reduce(self, reduceop: LazyOp, outer_idxs: list[Node], group_idxs: list[Node], upcast_axes: list[int]) -> list[UOp]:
     """Accumulate the reduce's input over the reduce loops; one accumulator per output lane. Returns their final values."""
     kernel, dtype, op = self.kernel, reduceop.dtype, cast(ReduceOps, reduceop.op)
-    start = cast_python_value({ReduceOps.SUM: 0, ReduceOps.MAX: dtypes.min(dtype)}[op], dtype)
-    output_lane_count = prod(kernel.full_shape[axis] for axis in upcast_axes if axis not in unrolled)
-    accs = [self.uop(UOps.DEFINE_ACC, dtype, (), start, pure=False) for _ in range(output_lane_count)]
-    reduce_axes = range(kernel.first_reduce, kernel.shape_len - kernel.upcasted)
+    unrolled = {axis for axis in upcast_axes if kernel.output_shape[axis] != kernel.full_shape[axis]}
+    accs = self.define_accs(reduceop, kernel.output_lanes)
+    reduce_axes = range(kernel.first_reduce_loop, kernel.shape_len - kernel.upcasted)
     reduce_idxs: list[Node] = [Variable(f"ridx{axis}", 0, kernel.full_shape[axis] - 1) for axis in reduce_axes]
     reduce_loops = [self.loop(f"ridx{axis}", kernel.full_shape[axis], axis) for axis in reduce_axes]
-    lanes = self.lanes(global_idxs + reduce_idxs, upcast_axes, {})
-    values = self.parse(reduceop.src[0], lanes, None)
+    values = self.parse(reduceop.src[0], self.lanes(outer_idxs + group_idxs + reduce_idxs, upcast_axes, {}), None)
     # lanes enumerate the upcast axes in order; the accumulator of a lane is its position among the output (non-unrolled) axes
     sizes = [kernel.full_shape[axis] for axis in upcast_axes]
     for lane, value in enumerate(values):
@@ -168,14 +184,50 @@ class Linearizer:
       acc_number = 0
       for axis, digit, size in zip(upcast_axes, digits, sizes):
         if axis not in unrolled: acc_number = acc_number * size + digit
-      acc = accs[acc_number]
-      current = self.uop(UOps.LOAD, dtype, (acc,), pure=False)
-      self.uop(UOps.STORE, None, (acc, self.alu(REDUCE_TO_ALU[op], dtype, current, value)), pure=False)
+      self.accumulate(op, accs[acc_number], value)
     for loop in reversed(reduce_loops): self.end(loop)
-    return [self.uop(UOps.LOAD, dtype, (acc,), pure=False) for acc in accs]
+    partials = [self.uop(UOps.LOAD, dtype, (acc,), pure=False) for acc in accs]
+    return self.group_reduce(reduceop, partials, group_idxs) if group_idxs else partials
+
+  def group_reduce(self, reduceop: LazyOp, partials: list[UOp], group_idxs: list[Node]) -> list[UOp]:
+    """Finish a reduce split across the work-group: every thread writes its partial results to local memory, and after the
+    barrier the threads with group id 0 reduce their group's partials. The rest of the kernel runs only in those threads."""
+    kernel, lanes = self.kernel, len(partials)
+    local_axes = range(kernel.global_dims, kernel.first_reduce)
+    group_sizes = kernel.full_shape[kernel.first_reduce:kernel.first_reduce_loop]
+    local_idxs: list[Node] = [Variable(f"lidx{axis}", 0, kernel.full_shape[axis] - 1) for axis in local_axes]
+    thread_slot = _flat_index(local_idxs + group_idxs, [kernel.full_shape[axis] for axis in local_axes] + list(group_sizes))
+    memory = self.uop(UOps.DEFINE_LOCAL, reduceop.dtype, (), ("partials", kernel.local_size * lanes), pure=False)
+    for lane, partial in enumerate(partials):
+      self.uop(UOps.STORE, None, (memory, self.index(thread_slot * lanes + lane), partial), pure=False)
+    self.uop(UOps.BARRIER, None, (), None, pure=False)
+    first_of_group = self.index(Node.sum(group_idxs) < 1)
+    self.open_ifs.append(self.uop(UOps.IF, None, (first_of_group,), None, pure=False))
+    self._scopes.append([])
+    accs = self.define_accs(reduceop, lanes)
+    group_count = prod(group_sizes)
+    member = self.loop("group_member", group_count, None)
+    member_idx = Variable("group_member", 0, group_count - 1)
+    first_slot = _flat_index(local_idxs, [kernel.full_shape[axis] for axis in local_axes]) * group_count + member_idx
+    for lane, acc in enumerate(accs):
+      value = self.uop(UOps.LOAD, reduceop.dtype, (memory, self.index(first_slot * lanes + lane)))
+      self.accumulate(cast(ReduceOps, reduceop.op), acc, value)
+    self.end(member)
+    return [self.uop(UOps.LOAD, reduceop.dtype, (acc,), pure=False) for acc in accs]
+
+  def define_accs(self, reduceop: LazyOp, count: int) -> list[UOp]:
+    start = cast_python_value({ReduceOps.SUM: 0, ReduceOps.MAX: dtypes.min(reduceop.dtype)}[cast(ReduceOps, reduceop.op)], reduceop.dtype)
+    return [self.uop(UOps.DEFINE_ACC, reduceop.dtype, (), start, pure=False) for _ in range(count)]
+
+  def accumulate(self, op: ReduceOps, acc: UOp, value: UOp) -> None:
+    current = self.uop(UOps.LOAD, acc.dtype, (acc,), pure=False)
+    self.uop(UOps.STORE, None, (acc, self.alu(REDUCE_TO_ALU[op], cast(DType, acc.dtype), current, value)), pure=False)
 
 def _is_const(uop: UOp, value: Any) -> bool: return uop.op is UOps.CONST and uop.arg == value
 def _fold(ctx: Linearizer, op: BinaryOps, dtype: DType, values: list[UOp]) -> UOp:
   result = values[0]
   for value in values[1:]: result = ctx.alu(op, dtype, result, value)
   return result
+def _flat_index(idxs: Sequence[Node], sizes: list[int]) -> Node:
+  """Row-major position of `idxs` in an array of `sizes`."""
+  return Node.sum([idx * prod(sizes[i + 1:]) for i, idx in enumerate(idxs)])

@@ -2,9 +2,11 @@
 Imports helpers, dtype, ops, codegen/uops; llvmlite.ir only (the IR builder, no native code).
 
 Loops are do-while blocks with a phi for the counter (every loop runs at least once); an accumulator is an alloca that
-LLVM's mem2reg turns into phis. bfloat16 lives in memory as i16 and in registers as float.
+LLVM's mem2reg turns into phis. bfloat16 lives in memory as i16 and in registers as float. The outermost global loop gidx0
+runs over [start, end) given as two trailing i64 arguments, so the runtime can split it across CPU threads.
 """
 from __future__ import annotations
+import contextlib
 import math
 from typing import Any, Callable
 import llvmlite.ir as ir
@@ -126,18 +128,25 @@ def _to_memory(builder: ir.IRBuilder, value: ir.Value, dtype: DType) -> ir.Value
   return value
 
 def render_llvm(function_name: str, uops: list[UOp]) -> str:
-  """LLVM IR of `void function_name(ptr data0, ptr data1, ...)` for these UOps."""
+  """LLVM IR of `void function_name(ptr data0, ptr data1, ..., i64 start, i64 end)` for these UOps; start and end (only
+  where there is a gidx0 loop) bound that loop, and the caller must keep start < end (loops are do-while)."""
   module = ir.Module(name=function_name)
   buffers = [uop for uop in uops if uop.op is UOps.DEFINE_GLOBAL]
-  function = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()] * len(buffers)), name=function_name)
-  for arg in function.args: arg.add_attribute("noalias")
+  outer_loop = next((uop for uop in uops if uop.op is UOps.LOOP and uop.arg[0] == "gidx0"), None)
+  range_types = [ir.IntType(64)] * 2 if outer_loop is not None else []
+  function = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()] * len(buffers) + range_types), name=function_name)
+  for arg in function.args[:len(buffers)]: arg.add_attribute("noalias")
+  for arg, name in zip(function.args[len(buffers):], ("start", "end")): arg.name = name
   entry = function.append_basic_block("entry")
   builder = ir.IRBuilder(function.append_basic_block("body"))
   allocas = ir.IRBuilder(entry)
+  if outer_loop is not None:  # truncated in the entry block where the index type is i32 (the arguments are i64 for one calling convention)
+    index_type = register_type(_dtype_of(outer_loop))
+    outer_bounds = [arg if arg.type == index_type else allocas.trunc(arg, index_type) for arg in function.args[len(buffers):]]
   values: dict[UOp, Any] = {}  # UOp -> its llvmlite value
   no_vectorize_option = module.add_metadata(["llvm.loop.vectorize.enable", ir.Constant(ir.IntType(1), 0)])
   loop_ids: list[Any] = []
-  loop_state: dict[UOp, tuple[ir.Block, ir.PhiInstr]] = {}
+  loop_state: dict[UOp, tuple[ir.Block, ir.PhiInstr, ir.Value]] = {}  # LOOP -> (its body block, its counter, its end)
   for uop in uops:
     src: list[Any] = [values.get(s) for s in uop.src]
     dtype = uop.dtype if uop.dtype is not None else dtypes.bool  # (ops without a dtype do not read it)
@@ -150,14 +159,15 @@ def render_llvm(function_name: str, uops: list[UOp]) -> str:
       preheader, body = builder.block, function.append_basic_block(f"loop_{uop.arg[0]}")
       builder.branch(body)
       builder.position_at_end(body)
+      start, end = outer_bounds if uop is outer_loop else src[:2]
       counter = builder.phi(register_type(dtype), name=uop.arg[0])
-      counter.add_incoming(src[0], preheader)
-      values[uop], loop_state[uop] = counter, (body, counter)
+      counter.add_incoming(start, preheader)
+      values[uop], loop_state[uop] = counter, (body, counter, end)
     elif uop.op is UOps.END:
-      body, counter = loop_state[uop.src[0]]
+      body, counter, end = loop_state[uop.src[0]]
       following = builder.add(counter, ir.Constant(counter.type, 1))
       exit_block = function.append_basic_block(f"after_{uop.src[0].arg[0]}")
-      latch = builder.cbranch(builder.icmp_signed("<", following, values[uop.src[0].src[1]]), body, exit_block)
+      latch = builder.cbranch(builder.icmp_signed("<", following, end), body, exit_block)
       if not uop.src[0].arg[1]:
         loop_ids.append(module.add_metadata([no_vectorize_option, module.add_metadata(["tinyc.loop", uop.src[0].arg[0]])]))  # one id a loop
         latch.set_metadata("llvm.loop", loop_ids[-1])
@@ -174,7 +184,9 @@ def render_llvm(function_name: str, uops: list[UOp]) -> str:
       if uop.src[0].op is UOps.DEFINE_ACC: builder.store(src[1], src[0])
       else:
         value_dtype = _dtype_of(uop.src[2])
-        builder.store(_to_memory(builder, src[2], value_dtype), builder.gep(src[0], [src[1]], source_etype=memory_type(value_dtype)))
+        stored = _to_memory(builder, src[2], value_dtype)
+        with builder.if_then(src[3]) if len(src) == 4 else contextlib.nullcontext():  # a gated store writes only where valid
+          builder.store(stored, builder.gep(src[0], [src[1]], source_etype=memory_type(value_dtype)))
     elif uop.op is UOps.ALU: values[uop] = ALU_RENDERERS[uop.arg](builder, _dtype_of(uop.src[-1]), *src)
     elif uop.op is UOps.CAST: values[uop] = cast(builder, src[0], _dtype_of(uop.src[0]), dtype)
     elif uop.op is UOps.BITCAST: values[uop] = bitcast(builder, src[0], _dtype_of(uop.src[0]), dtype)

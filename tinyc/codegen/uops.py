@@ -10,13 +10,15 @@ from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
 class UOps(Enum):
   DEFINE_GLOBAL = auto()  # arg: (name, is_output); dtype: element type of the buffer
   DEFINE_ACC = auto()     # a mutable local scalar; arg: its initial value. LOAD(acc) reads it, STORE(acc, value) writes it
-  SPECIAL = auto()        # a thread id on GPUs; arg: (dim, name, size[, "local"]): the global id, or with "local" the id in the work-group
+  SPECIAL = auto()        # a thread id on GPUs; arg: (dim, name, size, kind): kind "global" is the global thread id, "group" the
+                          # work-group id, "local" the thread's id inside its work-group
   DEFINE_LOCAL = auto()   # memory shared by a work-group (CUDA __shared__, OpenCL __local); arg: (name, size)
   BARRIER = auto()        # every thread of the work-group waits here, and sees the others' local-memory writes
   LOOP = auto()           # src: (start, end); arg: (the loop variable's name, whether SIMD across its trips pays: every access unit-stride)
-  END = auto()            # src: (loop,)
+  IF = auto()             # src: (condition,); what follows runs only where it holds, up to the END
+  END = auto()            # src: (loop or if,)
   LOAD = auto()           # src: (buffer, index[, valid]) or (acc,)
-  STORE = auto()          # src: (buffer, index, value) or (acc, value)
+  STORE = auto()          # src: (buffer, index, value[, valid]) or (acc, value); with `valid`, only where it holds
   CONST = auto()          # arg: the Python value
   ALU = auto()            # arg: the UnaryOps/BinaryOps/TernaryOps member
   CAST = auto()           # src: (value,); dtype: the target

@@ -2,14 +2,16 @@
 device, codegen/; llvmlite.binding appears only here.
 
 Facts that shaped it: llvmlite >= 0.45 has no llvm.initialize() and no legacy pass managers (the new pass builder is used);
-a target machine made without the host's CPU name and features emits SSE only, so they are passed explicitly.
+a target machine made without the host's CPU name and features emits SSE only, so they are passed explicitly. A ctypes
+CFUNCTYPE call releases the GIL while native code runs, so Python threads calling one kernel on different ranges of its
+outermost loop run it on several cores at once.
 """
 from __future__ import annotations
-import ctypes, time
+import concurrent.futures, ctypes, functools, os, time
 from typing import Callable
 import numpy as np
 import llvmlite.binding as llvm
-from tinyc.helpers import DEBUG
+from tinyc.helpers import CPU_THREADS, DEBUG
 from tinyc.device import Allocator, Compiled, CompileError
 from tinyc.codegen.llvmir import render_llvm
 
@@ -59,12 +61,65 @@ class LLVMCompiler:
     return make_runner(self.cache[source])
 
 def make_runner(address: int) -> Callable[..., float | None]:
-  function = ctypes.CFUNCTYPE(None)(address)  # no argtypes: each call passes c_void_p pointers as they are
-  def run(*buffers: HostMemory, global_size: object = None, local_size: object = None, wait: bool = False) -> float | None:
+  function = ctypes.CFUNCTYPE(None)(address)  # no argtypes: each call passes c_void_p pointers (and c_int64 bounds) as they are
+  def run(*buffers: HostMemory, global_size: tuple[int, int, int] | None = None, local_size: tuple[int, int, int] | None = None,
+          wait: bool = False) -> float | None:
+    """global_size[0]: the trips of the kernel's gidx0 loop (None: it has none, and takes no bounds); local_size[0]: the fewest of
+    them worth a thread of their own (see device.cpu_launch_sizes)."""
     started = time.perf_counter()
-    function(*[buf.pointer for buf in buffers])
+    pointers = [buf.pointer for buf in buffers]
+    if global_size is None: function(*pointers)
+    else:
+      rows, min_rows = global_size[0], (local_size or global_size)[0]
+      run_ranges(function, pointers, split_range(rows, min_rows, cpu_threads()) if rows >= 2 * min_rows else [(0, rows)])
     return time.perf_counter() - started if wait else None
   return run
+
+def split_range(rows: int, min_rows: int, threads: int) -> list[tuple[int, int]]:
+  """[0, rows) as contiguous ranges of nearly equal length, at most one per thread and none shorter than min_rows (nor empty)."""
+  count = max(1, min(threads, rows // max(min_rows, 1)))
+  return [(rows * i // count, rows * (i + 1) // count) for i in range(count)]
+
+def run_ranges(function: Callable[..., None], pointers: list[ctypes.c_void_p], ranges: list[tuple[int, int]]) -> None:
+  """function(*pointers, start, end) for every range at once: the first on this thread, the others on pool threads. Returns when
+  all have finished, so no thread still writes a buffer after its kernel has returned."""
+  bounds = [(ctypes.c_int64(start), ctypes.c_int64(end)) for start, end in ranges]
+  futures = [worker_pool(len(ranges) - 1).submit(function, *pointers, *range_bounds) for range_bounds in bounds[1:]]
+  try: function(*pointers, *bounds[0])
+  finally: join(futures)
+  for future in futures: future.result()  # raise what a worker raised
+
+def join(futures: list[concurrent.futures.Future]) -> None:
+  """Wait for every range. Ctrl-C takes effect once they have finished, as it does after a kernel run on one thread: the ranges
+  write buffers that are handed out again as soon as the kernel returns."""
+  try: concurrent.futures.wait(futures)
+  except KeyboardInterrupt:
+    concurrent.futures.wait(futures)
+    raise
+
+@functools.cache
+def cores() -> int:
+  """The cores this process may run on (its affinity mask, where the OS has one)."""
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+def cpu_threads() -> int: return CPU_THREADS.value or cores()
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_size = 0
+
+def worker_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
+  """The process-wide pool of kernel threads, made on first use and made anew when CPU_THREADS asks for more than it has."""
+  global _pool, _pool_size
+  if _pool is None or _pool_size < workers:
+    if _pool is not None: _pool.shutdown(wait=False)  # its idle threads exit; ranges already handed to it still run
+    _pool, _pool_size = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="tinyc-cpu"), workers
+  return _pool
+
+def _forget_pool() -> None:
+  global _pool
+  _pool = None
+# a forked child (BEAM's compile workers, a DataLoader) has none of its parent's threads: a pool inherited from it would never run anything
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_forget_pool)
 
 def open_device() -> Compiled:
   compiler = LLVMCompiler()

@@ -1,0 +1,127 @@
+"""The LLVM backend runs a kernel's outermost global loop on several CPU threads: results do not depend on the thread count,
+the work really is split, small kernels and kernels without a global loop run on one thread, and failures do not hang."""
+import multiprocessing, signal, threading
+import numpy as np
+import pytest
+import tinyc.device as device
+import tinyc.runtime.ops_llvm as ops_llvm
+from tinyc import Device, Tensor
+from tinyc.helpers import Context
+from tinyc.jit import TinyJit
+
+def record_runs(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[int, int]]]:
+  """The ranges each kernel run with a global loop is given, from now on (programs compiled before are forgotten)."""
+  monkeypatch.setattr(Device["LLVM"], "programs", {})
+  runs: list[list[tuple[int, int]]] = []
+  original = ops_llvm.run_ranges
+  def recording(function, pointers, ranges):  # type: ignore[no-untyped-def]
+    runs.append(ranges)
+    original(function, pointers, ranges)
+  monkeypatch.setattr(ops_llvm, "run_ranges", recording)
+  return runs
+
+@pytest.fixture
+def split_runs(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[int, int]]]:
+  """Every kernel compiled in the test is worth splitting, however small; the ranges each run was given."""
+  monkeypatch.setattr(device, "CPU_WORK_PER_THREAD", 1)
+  return record_runs(monkeypatch)
+
+def kernels(x: np.ndarray, w: np.ndarray) -> dict[str, tuple[Tensor, np.ndarray]]:
+  """Elementwise, reductions along and across the outer axis, a matmul: (tinyc result, numpy result) by name."""
+  tx, tw = Tensor(x, device="LLVM"), Tensor(w, device="LLVM")
+  return {"elementwise": (tx * 2 + tx.exp(), x * 2 + np.exp(x)), "row sum": (tx.sum(1), x.sum(1)), "row max": (tx.max(1), x.max(1)),
+          "column sum": (tx.sum(0), x.sum(0)), "matmul": (tx @ tw, x @ w), "full sum": (tx.sum(), x.sum()),
+          "transposed": ((tx.T + 1).contiguous(), x.T + 1)}
+
+@pytest.mark.parametrize("rows", [7, 13, 1001])
+def test_results_equal_numpy_and_each_other_for_any_thread_count(rows, split_runs):
+  rng = np.random.default_rng(rows)
+  x, w = rng.standard_normal((rows, 19), dtype=np.float32), rng.standard_normal((19, 5), dtype=np.float32)
+  results: dict[int, dict[str, np.ndarray]] = {}
+  for threads in (1, 3, 0):  # 0: one per core
+    with Context(CPU_THREADS=threads): results[threads] = {name: ours.numpy() for name, (ours, _) in kernels(x, w).items()}
+  for name, (_, expected) in kernels(x, w).items():
+    np.testing.assert_allclose(results[1][name], expected, rtol=1e-4, atol=1e-4, err_msg=name)
+    for threads in (3, 0):
+      # A column sum's short reduce loop is unrolled and gidx0 vectorized; with reassociation LLVM sums the scalar remainder's
+      # elements as a tree, so the last bit of those where a range ends depends on the split (as it does on the size already)
+      if name == "column sum": np.testing.assert_allclose(results[threads][name], results[1][name], rtol=1e-6, atol=1e-6)
+      else: np.testing.assert_equal(results[threads][name], results[1][name], err_msg=f"{name}, {threads} threads")
+  assert any(len(ranges) == 3 for ranges in split_runs), "CPU_THREADS=3 split no kernel in three"
+
+def test_the_outer_loop_is_split_into_contiguous_ranges_run_on_pool_threads(split_runs):
+  x = np.arange(1001 * 3, dtype=np.float32).reshape(1001, 3)
+  with Context(CPU_THREADS=3): np.testing.assert_equal((Tensor(x, device="LLVM") * 2).numpy(), x * 2)  # every range ran
+  ranges = split_runs[-1]
+  assert len(ranges) == 3 and ranges[0][0] == 0 and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])), ranges
+  assert max(end - start for start, end in ranges) - min(end - start for start, end in ranges) <= 1, ranges
+  assert any(thread.name.startswith("tinyc-cpu") for thread in threading.enumerate())
+
+def test_split_range_covers_the_range_with_enough_rows_each():
+  for rows in (1, 2, 7, 13, 1001):
+    for min_rows in (1, 3, 500):
+      for threads in (1, 2, 3, 16):
+        ranges = ops_llvm.split_range(rows, min_rows, threads)
+        assert [start for start, _ in ranges] == [0] + [end for _, end in ranges[:-1]] and ranges[-1][1] == rows
+        assert all(start < end for start, end in ranges) and len(ranges) <= threads
+        assert len(ranges) == 1 or all(end - start >= min_rows for start, end in ranges), (rows, min_rows, threads, ranges)
+
+def test_small_kernels_run_on_one_thread_and_large_ones_are_split(monkeypatch):
+  runs = record_runs(monkeypatch)
+  with Context(CPU_THREADS=2):
+    (Tensor(np.ones((4, 4), np.float32), device="LLVM") + 1).realize()
+    assert runs[-1] == [(0, runs[-1][0][1])], "a 16-element kernel must not pay for threads"
+    big = np.ones((2048, 2048), np.float32)
+    np.testing.assert_equal((Tensor(big, device="LLVM") * 3).numpy(), big * 3)
+    assert len(runs[-1]) == 2, "a 16 MB elementwise kernel is worth two threads"
+
+def test_kernel_without_a_global_loop_takes_no_range(split_runs):
+  x = np.arange(100, dtype=np.float32)
+  assert Tensor(x, device="LLVM").sum().item() == x.sum()
+  assert not split_runs
+
+def test_jit_replay_runs_split_kernels(split_runs):
+  @TinyJit
+  def step(a: Tensor, b: Tensor) -> Tensor: return (a @ b).relu() + a.sum(1, keepdim=True)
+  rng = np.random.default_rng(0)
+  with Context(CPU_THREADS=3):
+    for call in range(4):
+      a, b = rng.standard_normal((13, 8), dtype=np.float32), rng.standard_normal((8, 8), dtype=np.float32)
+      np.testing.assert_allclose(step(Tensor(a, device="LLVM"), Tensor(b, device="LLVM")).numpy(), np.maximum(a @ b, 0) + a.sum(1, keepdims=True),
+                                 rtol=1e-5, atol=1e-5, err_msg=f"call {call}")
+  assert step.calls == 2 and split_runs and all(len(ranges) > 1 for ranges in split_runs)
+
+def test_a_failing_range_raises_after_every_range_has_finished():
+  finished: list[int] = []
+  def kernel(start, end):  # type: ignore[no-untyped-def]
+    if start.value == 1: raise ValueError("range 1 failed")
+    threading.Event().wait(0.05)
+    finished.append(start.value)
+  with Context(CPU_THREADS=3), pytest.raises(ValueError, match="range 1 failed"): ops_llvm.run_ranges(kernel, [], [(0, 1), (1, 2), (2, 3)])
+  assert sorted(finished) == [0, 2]
+
+def test_ctrl_c_while_waiting_takes_effect_once_every_range_has_finished():
+  finished: list[int] = []
+  def kernel(start, end):  # type: ignore[no-untyped-def]
+    if start.value: threading.Event().wait(0.3)  # a slow range on a pool thread, while the caller waits for it
+    finished.append(start.value)
+  def interrupt(signum, frame): raise KeyboardInterrupt  # type: ignore[no-untyped-def]
+  previous = signal.signal(signal.SIGALRM, interrupt)
+  try:
+    signal.setitimer(signal.ITIMER_REAL, 0.1)
+    with pytest.raises(KeyboardInterrupt): ops_llvm.run_ranges(kernel, [], [(0, 1), (1, 2)])
+  finally: signal.signal(signal.SIGALRM, previous)
+  assert sorted(finished) == [0, 1]
+
+def _run_split_kernel_in_child(queue) -> None:  # type: ignore[no-untyped-def]
+  x = np.arange(4096, dtype=np.float32).reshape(64, 64)
+  with Context(CPU_THREADS=2): queue.put(bool(((Tensor(x, device="LLVM") + 1).numpy() == x + 1).all()))
+
+def test_a_forked_child_makes_its_own_pool(split_runs):
+  _run_split_kernel_in_child(multiprocessing.Queue())  # the parent's pool exists and the kernel is compiled
+  context = multiprocessing.get_context("fork")
+  queue = context.Queue()
+  child = context.Process(target=_run_split_kernel_in_child, args=(queue,))
+  child.start()
+  try: assert queue.get(timeout=60) is True
+  finally: child.join(10)

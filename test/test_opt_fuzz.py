@@ -1,0 +1,86 @@
+"""Kernel-optimization fuzzer: random kernels (elementwise, reductions, matmul, conv, odd sizes such as 7, 13, 29) with random
+legal Opt lists must give the same output as the unoptimized kernel. Runs on every device the op suite runs on (LLVM and
+OpenCL in CI, CUDA with CUDA=1); OPT_FUZZ_LISTS=n tries n Opt lists per kernel instead of 4."""
+from __future__ import annotations
+import os, random
+import numpy as np
+import pytest
+from tinyc import Tensor
+from tinyc.device import Buffer, Device
+from tinyc.dtype import dtypes
+from tinyc.helpers import prod
+from tinyc.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
+from tinyc.ops import LoadOps
+from tinyc.realize import run_schedule
+from tinyc.schedule import create_schedule
+
+AMOUNTS = (0, 2, 3, 4, 7, 8, 13, 16, 29, 32)
+ACTIONS = [Opt(op, axis, amount) for op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP)
+           for axis in range(4) for amount in AMOUNTS]
+ACTIONS += [Opt(OptOps.PADTO, axis, amount) for axis in range(5) for amount in (4, 8, 16, 32)] + [Opt(OptOps.NOLOCALS, 0, 0)]
+
+def rand(*shape, seed, dtype=np.float32):
+  rng = np.random.default_rng(seed)
+  if dtype == np.int32: return Tensor(rng.integers(-50, 50, size=shape, dtype=np.int32)).realize()
+  return Tensor(rng.standard_normal(shape).astype(dtype)).realize()
+
+PROGRAMS = {
+  "elementwise_7x13x29": lambda: rand(7, 13, 29, seed=1) * rand(7, 13, 29, seed=2) + rand(29, seed=3),
+  "sum_rows_13x29": lambda: rand(13, 29, seed=4).sum(1),
+  "sum_cols_29x13": lambda: rand(29, 13, seed=5).sum(0),
+  "max_7x13x29": lambda: rand(7, 13, 29, seed=6).max(axis=(0, 2)),
+  "sum_all_1000": lambda: rand(1000, seed=7).sum(),
+  "int_sum_29x16": lambda: rand(29, 16, seed=8, dtype=np.int32).sum(0),
+  "matmul_13x29x7": lambda: rand(13, 29, seed=9) @ rand(29, 7, seed=10),
+  "matmul_32x64x16_relu": lambda: (rand(32, 64, seed=11) @ rand(64, 16, seed=12) + rand(16, seed=13)).relu(),
+  "matvec_64x128": lambda: rand(64, 128, seed=14) @ rand(128, seed=15),
+  "conv_2x3x9x9_4x3x3x3": lambda: rand(2, 3, 9, 9, seed=16).conv2d(rand(4, 3, 3, 3, seed=17), padding=1),
+  "softmax_13x29": lambda: rand(13, 29, seed=18).softmax(-1),
+  "padded_input_sum": lambda: rand(13, 13, seed=19).pad(((1, 2), (0, 3))).sum(1),
+  "half_sum_16x32": lambda: rand(16, 32, seed=20, dtype=np.float16).sum(1),
+}
+
+def random_opts(ast, target, rng: random.Random) -> list[Opt]:
+  """A random list of Opts, each legal after the ones before it."""
+  kernel, opts = Kernel(ast, target), []
+  for _ in range(rng.randint(1, 5)):
+    for opt in rng.sample(ACTIONS, len(ACTIONS)):
+      try: kernel.apply_opt(opt)
+      except KernelOptError: continue
+      opts.append(opt)
+      break
+  return opts
+
+def run_kernel(device: str, item, opts: tuple[Opt, ...]) -> np.ndarray:
+  program = Device[device].get_program(item.ast, opts)
+  out = Buffer(device, prod(item.out.shape), item.out.dtype)
+  program([out] + [src.realized for src in item.inputs])
+  return out.numpy()
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_random_opts_match_unoptimized(name, tinyc_device):
+  device = Device.DEFAULT
+  lists = int(os.environ.get("OPT_FUZZ_LISTS", "4"))
+  rng = random.Random(name)
+  schedule = create_schedule([PROGRAMS[name]().lazydata])
+  tried = 0
+  for item in schedule:
+    if item.ast.op not in LoadOps:
+      expected = run_kernel(device, item, ())
+      for _ in range(lists):
+        opts = tuple(random_opts(item.ast, Device[device].target, rng))
+        got = run_kernel(device, item, opts)
+        if item.out.dtype in (dtypes.float16,): np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2, err_msg=f"{opts}")
+        else: np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=f"{opts}")
+        tried += len(opts) > 0
+    run_schedule([item])
+  assert tried > 0, "no Opt applied to any kernel: the fuzzer tested nothing"
+
+def test_illegal_opts_raise_and_leave_the_kernel_alone():
+  item = [item for item in create_schedule([(rand(13, 32, seed=0) @ rand(32, 8, seed=1)).lazydata]) if item.ast.op not in LoadOps][0]
+  kernel = Kernel(item.ast)
+  before = (kernel.full_shape, kernel.sts, kernel.upcasted)
+  for opt in [Opt(OptOps.UPCAST, 0, 5), Opt(OptOps.UPCAST, 9, 2), Opt(OptOps.LOCAL, 0, 13), Opt(OptOps.GROUP, 0, 4), Opt(OptOps.NOLOCALS, 0, 0),
+              Opt(OptOps.UNROLL, 0, 128), Opt(OptOps.PADTO, 0, 13), Opt(OptOps.UPCAST, 0, 1)]:
+    with pytest.raises(KernelOptError): kernel.apply_opt(opt)  # the CPU has no work-groups; 5 does not divide 13; 13 is already a multiple...
+    assert (kernel.full_shape, kernel.sts, kernel.upcasted) == before and kernel.applied_opts == []
