@@ -57,32 +57,47 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--quick", action="store_true")
   parser.add_argument("--repeats", type=int, default=10)
+  parser.add_argument("--only", default="", help="run only the rows whose name contains this")
   args = parser.parse_args()
   n, side, mm = (1 << 20, 1024, 1024) if args.quick else (64 << 20, 8192, 4096)
   rng = np.random.default_rng(0)
   print(f"device {Device.DEFAULT}; torch {torch.__version__} on {torch.cuda.get_device_name()}; medians of {args.repeats}")
   print(f"{'':26s} {'tinyc':>12s} {'torch':>12s} {'tinyc/ceiling':>14s} {'torch time / tinyc time':>24s}")
+  def wanted(name: str) -> bool: return args.only in name
   def report(name: str, unit: str, work: float, ours: float, theirs: float, ceiling: float) -> None:
     rate = lambda s: work / s / (1e9 if unit == "GB/s" else 1e12)  # noqa: E731
     print(f"{name:26s} {rate(ours):8.1f} {unit:4s}{rate(theirs):8.1f} {unit:4s} {rate(ours) / ceiling * 100:12.1f}% {theirs / ours:20.2f}x")
 
   a, b, c = (Tensor(rng.standard_normal(n, dtype=np.float32)).realize() for _ in range(3))
   ta, tb, tc = (torch.randn(n, device="cuda") for _ in range(3))
-  report(f"a*b+c {n >> 20}M f32", "GB/s", 16 * n, tinyc_kernel_seconds(lambda: a * b + c, args.repeats),
+  if wanted("a*b+c"): report(f"a*b+c {n >> 20}M f32", "GB/s", 16 * n, tinyc_kernel_seconds(lambda: a * b + c, args.repeats),
          torch_seconds(lambda: ta * tb + tc, args.repeats), COPY_CEILING_GBS)
-  report(f"sum {n >> 20}M f32", "GB/s", 4 * n, tinyc_kernel_seconds(lambda: a.sum(), args.repeats), torch_seconds(lambda: ta.sum(), args.repeats),
+  if wanted("sum"): report(f"sum {n >> 20}M f32", "GB/s", 4 * n, tinyc_kernel_seconds(lambda: a.sum(), args.repeats),
+                           torch_seconds(lambda: ta.sum(), args.repeats),
          COPY_CEILING_GBS)
   x, tx = Tensor(rng.standard_normal((side, side), dtype=np.float32)).realize(), torch.randn(side, side, device="cuda")
-  report(f"softmax ({side}, {side})", "GB/s", 8 * side * side, tinyc_kernel_seconds(lambda: x.softmax(-1), args.repeats),
+  if wanted("softmax"): report(f"softmax ({side}, {side})", "GB/s", 8 * side * side, tinyc_kernel_seconds(lambda: x.softmax(-1), args.repeats),
          torch_seconds(lambda: tx.softmax(-1), args.repeats), COPY_CEILING_GBS)
   torch.backends.cuda.matmul.allow_tf32 = False
-  for dtype, torch_dtype in ((dtypes.float32, torch.float32), (dtypes.float16, torch.float16)):
+  for dtype, torch_dtype in ((dtypes.float32, torch.float32), (dtypes.float16, torch.float16)) if wanted("matmul") else ():
     m1 = Tensor(rng.standard_normal((mm, mm), dtype=np.float32)).cast(dtype).realize()
     m2 = Tensor(rng.standard_normal((mm, mm), dtype=np.float32)).cast(dtype).realize()
     t1, t2 = torch.randn(mm, mm, device="cuda", dtype=torch_dtype), torch.randn(mm, mm, device="cuda", dtype=torch_dtype)
     report(f"matmul {mm} {dtype.name}", "TFLOP/s", 2 * mm ** 3, tinyc_kernel_seconds(lambda: m1 @ m2, max(3, args.repeats // 3)),
            torch_seconds(lambda: t1 @ t2, args.repeats), FP32_CEILING_TFLOPS)
 
+  batch, channels, image = (8, 16, 28) if args.quick else (64, 64, 56)
+  images = Tensor(rng.standard_normal((batch, channels, image, image), dtype=np.float32)).realize()
+  weights = Tensor(rng.standard_normal((channels, channels, 3, 3), dtype=np.float32)).realize()
+  timages, tweights = torch.randn(batch, channels, image, image, device="cuda"), torch.randn(channels, channels, 3, 3, device="cuda")
+  conv_flops = 2 * batch * channels * channels * image * image * 9
+  ours = tinyc_kernel_seconds(lambda: images.conv2d(weights, padding=1), max(3, args.repeats // 3)) if wanted("conv2d") else 0.0
+  for tf32 in (True, False) if wanted("conv2d") else ():  # PyTorch's default lets cuDNN use TF32 tensor cores for convolutions
+    torch.backends.cudnn.allow_tf32 = tf32
+    report(f"conv2d {batch}x{channels}x{image}² 3x3{' (torch TF32)' if tf32 else ''}", "TFLOP/s", conv_flops, ours,
+           torch_seconds(lambda: torch.nn.functional.conv2d(timages, tweights, padding=1), args.repeats), FP32_CEILING_TFLOPS)
+
+  if args.only: return
   # NVRTC compile time per kernel: fresh sources (a new constant each), compile only
   compile_ms = []
   for k in range(15):

@@ -1,7 +1,7 @@
 """Layer 1: data types and PyTorch's type promotion. Imports only numpy and the stdlib."""
 from __future__ import annotations
 import builtins, functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 import numpy as np
 
@@ -12,7 +12,11 @@ class DType:
   itemsize: int
   name: str
   np_name: str | None  # numpy's name for it; None where numpy has no such type (bfloat16)
-  def __repr__(self) -> str: return f"dtypes.{self.name}"
+  count: int = 1       # lanes of a vector type (float4 in GPU code: 16-byte loads and stores); 1 for a scalar
+  scalar_type: DType | None = field(default=None, compare=False, repr=False)
+  def __repr__(self) -> str: return f"dtypes.{self.name}" if self.count == 1 else f"dtypes.{self.scalar().name}.vec({self.count})"
+  def vec(self, count: int) -> DType: return DType(self.priority, self.itemsize * count, f"{self.name}x{count}", None, count, self)
+  def scalar(self) -> DType: return self.scalar_type if self.scalar_type is not None else self
   @property
   def np(self) -> Any: return np.dtype(self.np_name) if self.np_name is not None else None
 

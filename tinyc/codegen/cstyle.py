@@ -40,6 +40,9 @@ class CStyleDialect:
   store_half: Callable[[str, str, str], str]  # (pointer, index, float value) -> statement
   float_bits: Callable[[str], str]      # unsigned 32-bit integer expression -> float with those bits
   bits_of_float: Callable[[str], str]   # float expression -> its bits as an unsigned 32-bit integer
+  vector_load: Callable[[str, str, str], str]  # (vector type, pointer, index) -> the vector at pointer + index (16-byte aligned)
+  vector_store: Callable[[str, str, str, str], str]  # (vector type, pointer, index, vector) -> statement
+  make_vector: Callable[[str, list[str]], str]  # (vector type, lane values) -> vector expression
   prelude: str = ""
   infinity: str = "INFINITY"
   nan: str = "NAN"
@@ -50,6 +53,7 @@ _COMMON_TYPES = {dtypes.bool: "bool", dtypes.int8: "char", dtypes.uint8: "unsign
                  dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.float32: "float", dtypes.float64: "double",
                  dtypes.float16: "float", dtypes.bfloat16: "float"}
 _XYZ = "xyz"
+_VECTOR_BASE_NAMES = {dtypes.float32: "float", dtypes.int32: "int", dtypes.uint32: "uint"}
 
 CUDA_DIALECT = CStyleDialect(
   "CUDA", 'extern "C" __global__ ', "", lambda d: f"(blockIdx.{_XYZ[d]}*blockDim.{_XYZ[d]}+threadIdx.{_XYZ[d]})",
@@ -59,6 +63,8 @@ CUDA_DIALECT = CStyleDialect(
   # half <-> float with the conversion instructions directly: no header needed, so NVRTC works without a CUDA toolkit
   lambda ptr, idx: f"__half_bits_to_float({ptr}[{idx}])", lambda ptr, idx, value: f"{ptr}[{idx}] = __float_to_half_bits({value});",
   lambda bits: f"__uint_as_float({bits})", lambda value: f"__float_as_uint({value})",
+  lambda vtype, ptr, idx: f"*((const {vtype}*)({ptr}+{idx}))", lambda vtype, ptr, idx, value: f"*(({vtype}*)({ptr}+{idx})) = {value};",
+  lambda vtype, lanes: f"make_{vtype}({','.join(lanes)})",
   prelude=("__device__ inline float __half_bits_to_float(unsigned short h) {\n"
            "  float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f;\n}\n"
            "__device__ inline unsigned short __float_to_half_bits(float f) {\n"
@@ -75,6 +81,8 @@ OPENCL_DIALECT = CStyleDialect(
   {dtypes.float16: "half", dtypes.bfloat16: "ushort", dtypes.bool: "uchar"},  # OpenCL has no bool buffers; half pointers need no extension
   lambda ptr, idx: f"vload_half({idx}, {ptr})", lambda ptr, idx, value: f"vstore_half({value}, {idx}, {ptr});",
   lambda bits: f"as_float({bits})", lambda value: f"as_uint({value})",
+  lambda vtype, ptr, idx: f"vload{vtype[-1]}(0, {ptr}+{idx})", lambda vtype, ptr, idx, value: f"vstore{vtype[-1]}({value}, 0, {ptr}+{idx});",
+  lambda vtype, lanes: f"({vtype})({','.join(lanes)})",
   prelude="#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n",
   keep_integer_max_loops_rolled=True)  # NVIDIA's OpenCL compiles through the same ptxas
 
@@ -95,7 +103,9 @@ class CStyleRenderer:
     self.counters[prefix] = self.counters.get(prefix, -1) + 1
     return f"{prefix}{self.counters[prefix]}"
   def emit(self, line: str) -> None: self.lines.append("  " * self.depth + line)
-  def type_name(self, dtype: DType) -> str: return self.dialect.type_names[dtype]
+  def type_name(self, dtype: DType) -> str:
+    if dtype.count > 1: return f"{_VECTOR_BASE_NAMES[dtype.scalar()]}{dtype.count}"  # float4, int4, uint4 in both dialects
+    return self.dialect.type_names[dtype]
   def memory_type(self, dtype: DType) -> str: return self.dialect.memory_names.get(dtype, self.dialect.type_names[dtype])
 
   def const(self, value: Any, dtype: DType) -> str:
@@ -128,6 +138,7 @@ class CStyleRenderer:
   def load(self, uop: UOp) -> str:
     assert uop.dtype is not None
     buffer, index = self.value(uop.src[0]), self.value(uop.src[1])
+    if uop.dtype.count > 1: return self.dialect.vector_load(self.type_name(uop.dtype), buffer, index)
     if uop.dtype == dtypes.float16: loaded = self.dialect.load_half(buffer, index)
     elif uop.dtype == dtypes.bfloat16: loaded = self.dialect.float_bits(f"(((unsigned int){buffer}[{index}])<<16)")
     elif uop.dtype == dtypes.bool: loaded = f"({buffer}[{index}]!=0)"
@@ -135,6 +146,7 @@ class CStyleRenderer:
     return f"({self.value(uop.src[2])}?{loaded}:{self.const(0, uop.dtype)})" if len(uop.src) == 3 else loaded
 
   def store(self, buffer: str, index: str, value: str, dtype: DType) -> str:
+    if dtype.count > 1: return self.dialect.vector_store(self.type_name(dtype), buffer, index, value)
     if dtype == dtypes.float16: return self.dialect.store_half(buffer, index, value)
     if dtype == dtypes.bfloat16:  # round to nearest even, as torch does
       bits = self.fresh("bits")
@@ -219,6 +231,10 @@ class CStyleRenderer:
       elif uop.op is UOps.ALU: self.define(uop, self.alu(uop), "alu")
       elif uop.op is UOps.CAST: self.define(uop, self.cast(uop), "cast")
       elif uop.op is UOps.BITCAST: self.define(uop, self.bitcast(uop), "cast")
+      elif uop.op is UOps.GEP: self.names[uop] = f"{self.value(uop.src[0])}.{'xyzw'[uop.arg]}"
+      elif uop.op is UOps.VECTORIZE:
+        assert dtype is not None
+        self.define(uop, self.dialect.make_vector(self.type_name(dtype), [self.value(src) for src in uop.src]), "vec")
       else: raise NotImplementedError(f"the {dialect.name} renderer has no rule for {uop.op}")
     body = "\n".join(self.lines)
     return f"{dialect.prelude}{dialect.kernel_prefix}void {self.function_name}({', '.join(params)}) {{\n{body}\n}}\n"

@@ -75,19 +75,28 @@ def _gpu_optimizations(kernel: Kernel) -> list[Opt]:
     for amount in (256, 128, 64, 32, 16):
       if _try(kernel, Opt(OptOps.GROUP, kernel.shape_len - kernel.upcasted - 1 - kernel.first_reduce, amount)): break
     return kernel.applied_opts
-  # register tile: 4 lanes along two axes that an input is broadcast along
+  # register tile: 4 lanes along two axes that an input is broadcast along, the axes where the most input data is reused first
+  def reuse(axis: int) -> int: return sum(kernel.sts[i].real_size() for i in inputs if strides(i)[axis] == 0)
+  tiled: list[int] = []
   for _ in range(2):
-    tiled = [axis for axis in _broadcast_axes(kernel, inputs) if kernel.full_shape[axis] >= 16]
-    _try_upcast(kernel, tiled, (4,))
-  if kernel.full_shape[last_reduce] >= 8: _try(kernel, Opt(OptOps.UNROLL, last_reduce - kernel.first_reduce, 4))
-  # work-group tile: up to 16 threads along each of the two innermost global axes
+    candidates = [axis for axis in _broadcast_axes(kernel, inputs) if kernel.full_shape[axis] >= 16 and axis not in tiled]
+    if (axis := _try_upcast(kernel, sorted(candidates, key=reuse), (4,))) is not None: tiled.append(axis)
+  # unroll the innermost reduce: 4 elements a trip (16-byte loads where it is contiguous), or all of a short one (a conv's 3)
+  _try(kernel, Opt(OptOps.UNROLL, last_reduce - kernel.first_reduce, 0 if kernel.full_shape[last_reduce] <= 4 else 4))
+  # work-group tile: up to 16 threads along each of the two innermost global axes (the largest divisor of each). They are
+  # applied outermost first, so the innermost (usually the contiguous one) becomes launch dimension 0 and neighbouring threads
+  # touch neighbouring memory.
+  plan: list[tuple[int, int]] = []
   budget = 256
-  for axis in reversed(range(kernel.global_dims)):
-    for amount in (16, 8, 4, 2):
-      if amount <= budget and _try(kernel, Opt(OptOps.LOCAL, axis, amount)):
-        budget //= amount
-        break
-    if budget < 256 // 16: break
+  for axis in reversed(range(max(0, kernel.global_dims - 2), kernel.global_dims)):
+    divisors = [a for a in range(2, min(16, budget) + 1) if kernel.full_shape[axis] % a == 0]
+    if divisors:
+      plan.insert(0, (axis, divisors[-1]))
+      budget //= divisors[-1]
+  consumed = 0
+  for axis, amount in plan:
+    size = kernel.full_shape[axis - consumed]
+    if _try(kernel, Opt(OptOps.LOCAL, axis - consumed, amount)) and amount == size: consumed += 1
   return kernel.applied_opts
 
 def _try(kernel: Kernel, opt: Opt) -> bool:

@@ -15,6 +15,7 @@ from tinyc.codegen.kernel import Kernel
 from tinyc.codegen.uops import PYTHON_ALU, UOp, UOps, cast_python_value
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
+VECTOR_WIDTH = 4  # lanes of a GPU vector load or store: 4 x 4 bytes is the widest single memory instruction
 
 class Linearizer:
   """`threads`: the global axes become thread ids (SPECIAL, for GPUs; the last axis is dimension 0 so neighbouring threads
@@ -25,6 +26,7 @@ class Linearizer:
     self._made: dict[tuple, UOp] = {}
     self._scopes: list[list[tuple]] = [[]]  # keys made inside each open loop, forgotten when it ends
     self.loop_uops: dict[str, UOp] = {}
+    self.lane_sizes: list[int] = []
     self.index_dtype = dtypes.int32 if max(st.real_size() for st in kernel.sts) < 2**31 else dtypes.int64
 
   # ---- making UOps ----
@@ -106,7 +108,13 @@ class Linearizer:
 
   def parse(self, node: LazyOp, lanes: list[list[Node]], reduced: list[UOp] | None) -> list[UOp]:
     """The values of `node`, one per upcast lane (each lane is a list of per-axis index expressions)."""
-    if node.op in (BufferOps.LOAD, BufferOps.CONST): return [self.load(node.arg, idxs) for idxs in lanes]
+    if node.op in (BufferOps.LOAD, BufferOps.CONST):
+      vectors = self.vector_groups(node.arg, lanes) if isinstance(node.arg, MemBuffer) else []
+      values: list[UOp | None] = [None] * len(lanes)
+      for group, index in vectors:
+        vector = self.uop(UOps.LOAD, node.arg.dtype.vec(len(group)), (self.globals[node.arg.idx], self.index(index)))
+        for lane_number, lane in enumerate(group): values[lane] = self.uop(UOps.GEP, node.arg.dtype, (vector,), lane_number)
+      return [value if value is not None else self.load(node.arg, idxs) for value, idxs in zip(values, lanes)]
     if node.op in ReduceOps:
       assert reduced is not None and len(reduced) == len(lanes), "the reduce's value is read before it was computed"
       return reduced
@@ -119,7 +127,30 @@ class Linearizer:
     """Index lists for every combination of the upcast axes' values (axes in `fixed` hold one value instead)."""
     kernel = self.kernel
     ranges = [[fixed[axis]] if axis in fixed else list(range(kernel.full_shape[axis])) for axis in upcast_axes]
+    self.lane_sizes = [len(r) for r in ranges]  # of the lanes being parsed: vector_groups reads them
     return [loop_idxs + [NumNode(v) for v in values] for values in itertools.product(*ranges)]
+
+  def vector_groups(self, buf: MemBuffer, lanes: list[list[Node]]) -> list[tuple[list[int], Node]]:
+    """Groups of VECTOR_WIDTH lanes that read (or write) neighbouring elements of `buf` from an aligned index, with that index:
+    each group becomes one 16-byte load or store. Only on GPUs, for 4-byte types, unmasked, along one upcast axis."""
+    width = VECTOR_WIDTH
+    if not self.threads or buf.dtype not in (dtypes.float32, dtypes.int32, dtypes.uint32) or len(lanes) < width: return []
+    st = self.kernel.sts[self.kernel.bufs.index(buf)]
+    sizes = self.lane_sizes
+    assert prod(sizes) == len(lanes), f"lane sizes {sizes} do not describe {len(lanes)} lanes"
+    for position, size in enumerate(sizes):
+      if size % width: continue
+      stride = prod(sizes[position + 1:])
+      groups = []
+      for first in (lane for lane in range(len(lanes)) if (lane // stride) % width == 0):
+        members = [first + i * stride for i in range(width)]
+        indexes = [st.expr_idxs(lanes[member]) for member in members]
+        if any(valid.min != 1 for _, valid in indexes): break
+        start = indexes[0][0]
+        if not _is_number(start % width, 0) or not all(_is_number(index - start, i) for i, (index, _) in enumerate(indexes)): break
+        groups.append((members, start))
+      else: return groups
+    return []
 
   def linearize(self) -> list[UOp]:
     kernel = self.kernel
@@ -130,12 +161,19 @@ class Linearizer:
     outer_idxs, group_idxs, global_loops = self.outer_indices()
     upcast_axes = list(kernel.upcast_axes)
     unrolled_reduce_axes = {axis: 0 for axis in upcast_axes if kernel.output_shape[axis] != kernel.full_shape[axis]}
+    reduced = self.reduce(kernel.reduceop, outer_idxs, group_idxs, upcast_axes) if kernel.reduceop is not None else None
     # after the reduce (and in a kernel without one) the group and reduce axes read index 0: the output has size 1 there
     output_lanes = self.lanes(outer_idxs + [NumNode(0)] * (kernel.shape_len - kernel.upcasted - kernel.first_reduce), upcast_axes,
                               unrolled_reduce_axes)
-    reduced = self.reduce(kernel.reduceop, outer_idxs, group_idxs, upcast_axes) if kernel.reduceop is not None else None
     values = self.parse(kernel.ast.src[0], output_lanes, reduced)
-    for idxs, value in zip(output_lanes, values):
+    output = cast(MemBuffer, kernel.bufs[0])
+    stored: set[int] = set()
+    for group, start in self.vector_groups(output, output_lanes):
+      vector = self.uop(UOps.VECTORIZE, output.dtype.vec(len(group)), tuple(self.cast(values[lane], output.dtype) for lane in group))
+      self.uop(UOps.STORE, None, (self.globals[0], self.index(start), vector), pure=False)
+      stored.update(group)
+    for lane, (idxs, value) in enumerate(zip(output_lanes, values)):
+      if lane in stored: continue
       index, valid = kernel.sts[0].expr_idxs(idxs)
       gate: tuple[UOp, ...] = ()
       if valid.max == 0: continue  # a lane that is all PADTO padding
@@ -223,6 +261,7 @@ class Linearizer:
     current = self.uop(UOps.LOAD, acc.dtype, (acc,), pure=False)
     self.uop(UOps.STORE, None, (acc, self.alu(REDUCE_TO_ALU[op], cast(DType, acc.dtype), current, value)), pure=False)
 
+def _is_number(node: Node, value: int) -> bool: return isinstance(node, NumNode) and node.b == value
 def _is_const(uop: UOp, value: Any) -> bool: return uop.op is UOps.CONST and uop.arg == value
 def _fold(ctx: Linearizer, op: BinaryOps, dtype: DType, values: list[UOp]) -> UOp:
   result = values[0]

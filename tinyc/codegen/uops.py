@@ -23,6 +23,8 @@ class UOps(Enum):
   ALU = auto()            # arg: the UnaryOps/BinaryOps/TernaryOps member
   CAST = auto()           # src: (value,); dtype: the target
   BITCAST = auto()
+  VECTORIZE = auto()      # src: the lanes; dtype: their vector type (a LOAD or STORE of a vector moves all lanes at once)
+  GEP = auto()            # src: (vector,); arg: the lane it reads
 
 @dataclass(frozen=True, eq=False)
 class UOp:
