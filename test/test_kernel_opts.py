@@ -1,0 +1,355 @@
+"""The kernel-optimization layer: what each Opt does to a Kernel's axis layout (and which Opts it refuses, leaving the kernel as it
+was), the code the Opts render to in CUDA C and OpenCL C, numpy's results with hand-picked Opt lists on every device, the
+hand-coded heuristic's choices, and lazy.py's split of a long reduce into two kernels."""
+from __future__ import annotations
+import re
+import numpy as np
+import pytest
+from tinyc import Tensor
+from tinyc.device import Buffer, Device
+from tinyc.helpers import Context, prod
+from tinyc.ops import BinaryOps, LoadOps, LazyOp
+from tinyc.realize import run_schedule
+from tinyc.schedule import create_schedule
+from tinyc.codegen.cstyle import render_cuda, render_opencl
+from tinyc.codegen.heuristic import hand_coded_optimizations
+from tinyc.codegen.kernel import MAX_UPCAST, Kernel, KernelOptError, KernelTarget, Opt, OptOps
+from tinyc.codegen.linearizer import Linearizer
+
+GPU = KernelTarget(has_local=True)  # the defaults: 1024 threads, 48 KB of local memory
+
+def kernel_asts(out: Tensor) -> list[LazyOp]:
+  return [item.ast for item in create_schedule([out.lazydata]) if item.ast.op not in LoadOps]
+
+def the_ast(out: Tensor) -> LazyOp:
+  asts = kernel_asts(out)
+  assert len(asts) == 1, f"expected one kernel, the schedule has {len(asts)}"
+  return asts[0]
+
+def optimized(out: Tensor, opts: list[Opt], target: KernelTarget = GPU) -> Kernel:
+  kernel = Kernel(the_ast(out), target)
+  for opt in opts: kernel.apply_opt(opt)
+  return kernel
+
+def layout(kernel: Kernel) -> tuple:
+  """Everything an Opt may change."""
+  return (kernel.full_shape, list(kernel.sts), kernel.upcasted, kernel.local_dims, kernel.group_for_reduce, kernel.dont_use_locals,
+          list(kernel.applied_opts))
+
+def strides(kernel: Kernel, buffer: int) -> tuple[int | None, ...]: return kernel.sts[buffer].real_strides()
+
+def matmul_64() -> Tensor: return Tensor.empty(64, 64) @ Tensor.empty(64, 64)  # full_shape (64 rows, 64 cols, 64 reduce)
+def row_sum() -> Tensor: return Tensor.empty(16, 512).sum(1)                   # full_shape (16, 512)
+def transposed_add_29() -> Tensor: return Tensor.empty(29, 29) + Tensor.empty(29, 29).T  # 29x29: the axes cannot merge
+
+# ---- 1. each Opt's effect on the layout ----
+
+def test_upcast_splits_off_the_inner_part_as_the_last_axis():
+  kernel = Kernel(the_ast(matmul_64()), GPU)
+  assert kernel.full_shape == (64, 64, 64) and kernel.first_reduce == 2 and strides(kernel, 0) == (64, 1, 0)
+  kernel.apply_opt(Opt(OptOps.UPCAST, 0, 4))
+  assert kernel.full_shape == (16, 64, 64, 4) and kernel.upcasted == 1
+  assert strides(kernel, 0) == (256, 1, 0, 64), "rows split into (16, 4): the 4 consecutive rows are the upcast lanes"
+  kernel.apply_opt(Opt(OptOps.UPCAST, 1, 4))
+  assert kernel.full_shape == (16, 16, 64, 4, 4) and kernel.upcasted == 2
+  assert strides(kernel, 0) == (256, 4, 0, 64, 1) and kernel.output_lanes == 16 and kernel.first_reduce == 2
+
+def test_unroll_splits_a_reduce_axis_into_upcast_lanes():
+  kernel = optimized(matmul_64(), [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 4)])
+  kernel.apply_opt(Opt(OptOps.UNROLL, 0, 4))  # axis 0 counts from the first reduce loop
+  assert kernel.full_shape == (16, 16, 16, 4, 4, 4) and kernel.upcasted == 3
+  assert strides(kernel, 0)[-1] == 0 and strides(kernel, 1)[-1] == 1, "the unrolled lanes are a reduce axis: the output stays put"
+  assert kernel.upcast_size == 64 and kernel.output_lanes == 16, "UNROLL adds lanes but no outputs"
+
+def test_upcast_amount_0_takes_the_whole_axis():
+  kernel = optimized(Tensor.empty(13, 29).sum(1), [Opt(OptOps.UPCAST, 0, 0)], KernelTarget())
+  assert kernel.full_shape == (29, 13) and kernel.upcasted == 1 and kernel.first_reduce == 0
+
+def test_local_moves_part_of_a_global_axis_before_the_reduce():
+  kernel = Kernel(the_ast(matmul_64()), GPU)
+  kernel.apply_opt(Opt(OptOps.LOCAL, 0, 4))
+  assert kernel.full_shape == (16, 64, 4, 64) and kernel.local_dims == 1 and kernel.global_dims == 2 and kernel.first_reduce == 3
+  assert strides(kernel, 0) == (256, 1, 64, 0) and kernel.local_size == 4
+  kernel.apply_opt(Opt(OptOps.LOCAL, 1, 16))
+  assert kernel.full_shape == (16, 4, 4, 16, 64) and kernel.local_dims == 2 and kernel.local_size == 64
+  assert strides(kernel, 0) == (256, 16, 64, 1, 0)
+
+def test_local_of_a_whole_axis_leaves_one_global_axis_fewer():
+  kernel = Kernel(the_ast(matmul_64()), GPU)
+  kernel.apply_opt(Opt(OptOps.LOCAL, 0, 64))
+  assert kernel.full_shape == (64, 64, 64) and kernel.global_dims == 1 and kernel.local_dims == 1
+  assert strides(kernel, 0) == (1, 64, 0), "the rows are now the thread ids, the columns the only work-group axis"
+
+@pytest.mark.parametrize("op, group_stride, loop_stride", [(OptOps.GROUP, 1, 16), (OptOps.GROUPTOP, 32, 1)])
+def test_group_splits_the_reduce_across_threads(op, group_stride, loop_stride):
+  kernel = Kernel(the_ast(row_sum()), GPU)
+  kernel.apply_opt(Opt(op, 0, 16))
+  assert kernel.full_shape == (16, 16, 32) and kernel.group_for_reduce == 1 and kernel.local_size == 16
+  assert kernel.first_reduce == 1 and kernel.first_reduce_loop == 2
+  # GROUP: neighbouring threads read neighbouring elements; GROUPTOP: each thread reads a contiguous run of 32
+  assert strides(kernel, 1) == (512, group_stride, loop_stride)
+  assert strides(kernel, 0) == (1, 0, 0), "the output is the same for every thread of the group"
+
+def test_padto_pads_an_axis_to_a_multiple_so_upcast_divides_it():
+  kernel = Kernel(the_ast(transposed_add_29()), GPU)
+  assert kernel.full_shape == (29, 29)
+  with pytest.raises(KernelOptError, match="divide"): kernel.apply_opt(Opt(OptOps.UPCAST, 1, 4))
+  kernel.apply_opt(Opt(OptOps.PADTO, 1, 32))
+  assert kernel.full_shape == (29, 32) and all(st.shape == (29, 32) for st in kernel.sts)
+  assert all(st.views[-1].mask is not None for st in kernel.sts), "the padding is masked in every buffer"
+  kernel.apply_opt(Opt(OptOps.UPCAST, 1, 4))
+  assert kernel.full_shape == (29, 8, 4) and kernel.upcasted == 1
+
+def test_padto_refuses_useless_or_wasteful_padding():
+  kernel = Kernel(the_ast(Tensor.empty(13, 32) + Tensor.empty(32, 13).T), GPU)
+  assert kernel.full_shape == (13, 32)
+  for opt, reason in [(Opt(OptOps.PADTO, 0, 32), "wastes"), (Opt(OptOps.PADTO, 1, 16), "already a multiple")]:
+    with pytest.raises(KernelOptError, match=reason): kernel.apply_opt(opt)
+
+def test_padto_on_a_reduce_axis_needs_a_sum_of_zeros_where_padded():
+  product_sum = Kernel(the_ast((Tensor.empty(13, 29) * Tensor.empty(13, 29)).sum(1)), GPU)
+  product_sum.apply_opt(Opt(OptOps.PADTO, 1, 32))
+  assert product_sum.full_shape == (13, 32) and product_sum.output_shape == (13, 1)
+  for out in [Tensor.empty(13, 29).exp().sum(1), Tensor.empty(13, 29).max(1)]:  # exp(0) = 1; a max of padded zeros can win
+    kernel = Kernel(the_ast(out), GPU)
+    with pytest.raises(KernelOptError, match="sum whose input is 0"): kernel.apply_opt(Opt(OptOps.PADTO, 1, 32))
+    assert kernel.full_shape == (13, 29)
+    kernel.apply_opt(Opt(OptOps.PADTO, 0, 16))  # a global axis may always be padded: its padding is never stored
+    assert kernel.full_shape == (16, 29)
+
+def test_nolocals_forbids_later_locals_and_groups():
+  kernel = Kernel(the_ast(matmul_64()), GPU)
+  kernel.apply_opt(Opt(OptOps.NOLOCALS, 0, 0))
+  assert kernel.dont_use_locals
+  for opt in [Opt(OptOps.LOCAL, 0, 16), Opt(OptOps.GROUP, 0, 16), Opt(OptOps.GROUPTOP, 0, 16), Opt(OptOps.NOLOCALS, 0, 0)]:
+    with pytest.raises(KernelOptError): kernel.apply_opt(opt)
+  kernel.apply_opt(Opt(OptOps.UPCAST, 0, 4))  # register tiling is still allowed
+  assert kernel.local_dims == 0 and kernel.group_for_reduce == 0 and kernel.upcasted == 1
+
+def test_nolocals_after_a_local_is_refused():
+  kernel = optimized(matmul_64(), [Opt(OptOps.LOCAL, 0, 16)])
+  with pytest.raises(KernelOptError, match="already chose its locals"): kernel.apply_opt(Opt(OptOps.NOLOCALS, 0, 0))
+  assert not kernel.dont_use_locals
+
+@pytest.mark.parametrize("opt", [Opt(OptOps.LOCAL, 0, 16), Opt(OptOps.GROUP, 0, 16), Opt(OptOps.GROUPTOP, 0, 16), Opt(OptOps.NOLOCALS, 0, 0)],
+                         ids=repr)
+def test_the_cpu_target_has_no_work_groups(opt):
+  kernel = Kernel(the_ast(matmul_64()))
+  before = layout(kernel)
+  with pytest.raises(KernelOptError, match="no work-groups"): kernel.apply_opt(opt)
+  assert layout(kernel) == before
+
+def three_dim_add() -> Tensor: return Tensor.empty(8, 8, 8) + Tensor.empty(8, 8, 8).permute(2, 1, 0)  # 3 global axes
+
+# (target, the program, Opts that fit, the Opt over the limit, what the message says)
+LIMITS = {
+  "max_upcast": (KernelTarget(), matmul_64, [Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UPCAST, 1, 8)], Opt(OptOps.UNROLL, 0, 2),
+                 f"128 upcast lanes is over the limit of {MAX_UPCAST}"),
+  "work_group_size": (KernelTarget(has_local=True, max_local_size=128), matmul_64, [Opt(OptOps.LOCAL, 0, 16)], Opt(OptOps.LOCAL, 1, 16),
+                      "256 threads per work-group is over this device's 128"),
+  "local_memory": (KernelTarget(has_local=True, local_memory_bytes=1024), row_sum, [Opt(OptOps.UPCAST, 0, 4)], Opt(OptOps.GROUP, 0, 128),
+                   "2048 bytes of local memory, over this device's 1024"),  # 128 threads x 4 output lanes x 4 bytes
+  "local_dim_size": (KernelTarget(has_local=True, max_local_dim_sizes=(8, 8, 8)), matmul_64, [Opt(OptOps.LOCAL, 0, 8)], Opt(OptOps.LOCAL, 1, 16),
+                     r"\(8, 16\)"),
+  "launch_dims": (KernelTarget(has_local=True, max_local_dim_sizes=(64, 64)), three_dim_add, [Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.LOCAL, 1, 2)],
+                  Opt(OptOps.LOCAL, 2, 2), "launch dimension"),
+}
+
+@pytest.mark.parametrize("name", LIMITS)
+def test_an_opt_over_a_limit_raises_and_leaves_the_kernel_as_it_was(name):
+  target, program, fitting, too_much, message = LIMITS[name]
+  kernel = optimized(program(), fitting, target)
+  before = layout(kernel)
+  with pytest.raises(KernelOptError, match=message): kernel.apply_opt(too_much)
+  assert layout(kernel) == before, "a refused Opt changed the kernel"
+  assert kernel.applied_opts == fitting
+
+@pytest.mark.parametrize("name", LIMITS)
+def test_a_limit_message_says_what_to_do(name):
+  target, program, fitting, too_much, _ = LIMITS[name]
+  kernel = optimized(program(), fitting, target)
+  with pytest.raises(KernelOptError) as error: kernel.apply_opt(too_much)
+  assert re.search(r"smaller|reduce the|fewer", str(error.value)), f"no fix-it hint in: {error.value}"
+
+def test_a_refused_opt_after_others_changes_nothing():
+  kernel = optimized(matmul_64(), [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.GROUP, 0, 8)])
+  before = layout(kernel)
+  assert kernel.full_shape == (4, 64, 4, 8, 8, 4)
+  for opt in [Opt(OptOps.UPCAST, 0, 3), Opt(OptOps.UPCAST, 7, 2), Opt(OptOps.UNROLL, 0, 1), Opt(OptOps.PADTO, 0, 16), Opt(OptOps.GROUP, 0, 1024),
+              Opt(OptOps.UPCAST, 1, 32)]:  # the last passes its own checks and is over MAX_UPCAST only once applied
+    with pytest.raises(KernelOptError): kernel.apply_opt(opt)
+    assert layout(kernel) == before, f"{opt} was refused but changed the kernel"
+
+# ---- 2. rendered code ----
+
+def sources(kernel: Kernel) -> tuple[str, str]:
+  """(CUDA C, OpenCL C) of the kernel, laid out for a GPU."""
+  return render_cuda("kernel", Linearizer(kernel, threads=True).linearize()), render_opencl("kernel", Linearizer(kernel, threads=True).linearize())
+
+def test_local_renders_work_group_and_thread_ids():
+  cuda, opencl = sources(optimized(matmul_64(), [Opt(OptOps.LOCAL, 0, 16)]))
+  assert re.search(r"int lidx\d+ = threadIdx\.x;", cuda) and re.search(r"int gidx\d+ = blockIdx\.[xy];", cuda) and "blockDim" not in cuda
+  assert "get_local_id(0)" in opencl and "get_group_id(" in opencl and "get_global_id" not in opencl
+  plain_cuda, plain_opencl = sources(optimized(matmul_64(), []))  # without LOCAL, global ids and the runtime's work-group size
+  assert "blockDim" in plain_cuda and "get_global_id" in plain_opencl and "get_local_id" not in plain_opencl
+
+@pytest.mark.parametrize("op", [OptOps.GROUP, OptOps.GROUPTOP])
+def test_group_renders_local_memory_and_a_barrier(op):
+  cuda, opencl = sources(optimized(row_sum(), [Opt(OptOps.UPCAST, 0, 4), Opt(op, 0, 16)]))
+  assert "__shared__ float partials[64];" in cuda and cuda.count("__syncthreads();") == 1  # 16 threads x 4 output lanes
+  assert "__local float partials[64];" in opencl and opencl.count("barrier(CLK_LOCAL_MEM_FENCE);") == 1
+  plain_cuda, plain_opencl = sources(optimized(row_sum(), [Opt(OptOps.UPCAST, 0, 4)]))
+  assert "__shared__" not in plain_cuda and "__syncthreads" not in plain_cuda and "__local" not in plain_opencl and "barrier(" not in plain_opencl
+
+def test_upcast_of_4_along_a_contiguous_axis_renders_vector_loads_and_stores():
+  cuda, opencl = sources(optimized(Tensor.empty(1024) * Tensor.empty(1024), [Opt(OptOps.UPCAST, 0, 4)]))
+  assert "*((const float4*)(data1+" in cuda and "*((const float4*)(data2+" in cuda and "*((float4*)(data0+" in cuda
+  assert "vload4(0, data1+" in opencl and "vload4(0, data2+" in opencl and "vstore4(" in opencl
+  assert not re.search(r"data\d\[", cuda + opencl), "every access should be a vector"
+
+def test_unaligned_or_masked_lanes_get_no_vector_loads():
+  # input index 1 + 4*i: contiguous, but not 16-byte aligned; the output is aligned and still gets a vector store
+  cuda, opencl = sources(optimized(Tensor.empty(65)[1:] + 1, [Opt(OptOps.UPCAST, 0, 4)]))
+  assert "const float4" not in cuda and "vload4" not in opencl
+  assert "*((float4*)(data0+" in cuda and "vstore4(" in opencl
+  # padded lanes are masked: neither the loads nor the (gated) stores are vectors
+  cuda, opencl = sources(optimized(transposed_add_29(), [Opt(OptOps.PADTO, 1, 32), Opt(OptOps.UPCAST, 1, 4)]))
+  assert "float4" not in cuda and "vload4" not in opencl and "vstore4" not in opencl
+
+def test_padto_on_a_global_axis_gates_the_store():
+  cuda, opencl = sources(optimized(transposed_add_29(), [Opt(OptOps.PADTO, 1, 32)]))
+  for source in (cuda, opencl): assert re.search(r"if \(.*\) data0\[", source), source
+  cuda, _ = sources(optimized(transposed_add_29(), []))
+  assert "if (" not in cuda
+
+RENDERED = {
+  "matmul_tiles": (matmul_64, [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.LOCAL, 0, 16),
+                               Opt(OptOps.LOCAL, 0, 16)]),
+  "group_sum": (row_sum, [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.GROUPTOP, 0, 16), Opt(OptOps.UNROLL, 0, 4)]),
+  "padded_add": (transposed_add_29, [Opt(OptOps.PADTO, 0, 32), Opt(OptOps.PADTO, 1, 32), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.LOCAL, 0, 8)]),
+}
+
+def test_rendered_cuda_compiles_with_nvrtc():
+  from tinyc.runtime.nvrtc import compile_cuda, load_nvrtc
+  try: load_nvrtc()
+  except RuntimeError as error: pytest.skip(f"NVRTC is not installed: {error}")
+  for name, (program, opts) in RENDERED.items():
+    ptx = compile_cuda(name, sources(optimized(program(), opts))[0], "sm_90", "ptx")
+    assert b".entry kernel" in ptx, f"no kernel entry in the PTX of {name}"
+
+# ---- 3. running hand-picked Opts on every device ----
+
+def realized(*shape: int, seed: int, low: float = -1.0, high: float = 1.0) -> tuple[np.ndarray, Tensor]:
+  array = np.random.default_rng(seed).uniform(low, high, size=shape).astype(np.float32)
+  return array, Tensor(array).realize()
+
+def run_with_opts(out: Tensor, opts: list[Opt]) -> np.ndarray:
+  """Run the one kernel that computes `out` on the default device with exactly these Opts."""
+  device, kernels = Device.DEFAULT, []
+  for item in create_schedule([out.lazydata]):
+    if item.ast.op in LoadOps: run_schedule([item])
+    else: kernels.append(item)
+  assert len(kernels) == 1, f"expected one kernel, got {len(kernels)}"
+  item = kernels[0]
+  program = Device[device].get_program(item.ast, tuple(opts))
+  result = Buffer(device, prod(item.out.shape), item.out.dtype)
+  program([result] + [src.realized for src in item.inputs])
+  return result.numpy().reshape(out.shape)
+
+def has_local() -> bool: return Device[Device.DEFAULT].target.has_local
+
+def test_matmul_with_register_and_work_group_tiles(tinyc_device):
+  (a, ta), (b, tb) = realized(64, 64, seed=0), realized(64, 64, seed=1)
+  opts = [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UNROLL, 0, 4)]
+  if has_local(): opts += [Opt(OptOps.LOCAL, 0, 16), Opt(OptOps.LOCAL, 0, 16)]  # the 16x16 threads of one work-group
+  np.testing.assert_allclose(run_with_opts(ta @ tb, opts), a @ b, rtol=1e-4, atol=1e-4)
+  if has_local(): assert Device[Device.DEFAULT].get_program(the_ast(ta @ tb), tuple(opts)).local_size == (16, 16, 1)
+
+@pytest.mark.parametrize("op", [OptOps.GROUP, OptOps.GROUPTOP])
+def test_row_sum_and_max_split_across_a_work_group(op, tinyc_device):
+  x, tx = realized(16, 512, seed=2, low=-3.0, high=-1.0)  # all negative: a max that starts at 0 anywhere gives 0
+  if not has_local():
+    with pytest.raises(KernelOptError, match="no work-groups"): Device[Device.DEFAULT].get_program(the_ast(tx.sum(1)), (Opt(op, 0, 16),))
+    return
+  np.testing.assert_allclose(run_with_opts(tx.sum(1), [Opt(op, 0, 16)]), x.sum(1), rtol=1e-5, atol=1e-4)
+  lanes_and_unroll = [Opt(OptOps.UPCAST, 0, 4), Opt(op, 0, 16), Opt(OptOps.UNROLL, 0, 4)]  # 4 partial results per thread
+  np.testing.assert_allclose(run_with_opts(tx.sum(1), lanes_and_unroll), x.sum(1), rtol=1e-5, atol=1e-4)
+  np.testing.assert_array_equal(run_with_opts(tx.max(1), lanes_and_unroll), x.max(1))
+
+def test_padded_elementwise_with_upcast(tinyc_device):
+  (a, ta), (b, tb) = realized(29, 29, seed=3), realized(29, 29, seed=4)
+  opts = [Opt(OptOps.PADTO, 1, 32), Opt(OptOps.UPCAST, 1, 4)]
+  if has_local(): opts += [Opt(OptOps.PADTO, 0, 32), Opt(OptOps.LOCAL, 0, 8)]
+  np.testing.assert_allclose(run_with_opts(ta + tb.T, opts), a + b.T, rtol=1e-6)
+
+def test_matmul_padded_along_the_reduce(tinyc_device):
+  (a, ta), (b, tb) = realized(13, 29, seed=5), realized(29, 7, seed=6)
+  opts = [Opt(OptOps.PADTO, 2, 32), Opt(OptOps.UNROLL, 0, 4)]  # PADTO's axis counts from 0: (13, 7, 29) -> (13, 7, 32)
+  if has_local(): opts += [Opt(OptOps.GROUP, 0, 8)]
+  np.testing.assert_allclose(run_with_opts(ta @ tb, opts), a @ b, rtol=1e-5, atol=1e-5)
+  # a constant in the sum is padded too (it reads 0 in the padding), so padding the reduce of x + 1 is right
+  np.testing.assert_allclose(run_with_opts((ta + 1).sum(1), [Opt(OptOps.PADTO, 1, 32), Opt(OptOps.UNROLL, 0, 8)]), (a + 1).sum(1), rtol=1e-5)
+
+# ---- 4. the hand-coded heuristic ----
+
+def heuristic(out: Tensor, target: KernelTarget = GPU) -> tuple[Kernel, list[OptOps]]:
+  kernel = Kernel(the_ast(out), target)
+  return kernel, [opt.op for opt in hand_coded_optimizations(kernel)]
+
+def test_heuristic_tiles_a_large_matmul_on_a_gpu():
+  kernel, ops = heuristic(Tensor.empty(4096, 4096) @ Tensor.empty(4096, 4096))
+  assert ops.count(OptOps.UPCAST) == 2 and ops.count(OptOps.UNROLL) == 1 and ops.count(OptOps.LOCAL) == 2, ops
+  assert kernel.upcast_size == 64 and kernel.output_lanes == 16 and kernel.local_size == 256 and kernel.global_dims == 2
+
+def test_heuristic_groups_a_long_row_sum_on_a_gpu():
+  kernel, ops = heuristic(Tensor.empty(64, 4096).sum(1))
+  assert OptOps.GROUP in ops and kernel.group_for_reduce == 1 and kernel.local_size >= 16
+
+def test_heuristic_upcasts_an_elementwise_kernel_by_4_on_a_gpu():
+  kernel, _ = heuristic(Tensor.empty(64, 64) * 2 + 1)
+  assert kernel.applied_opts == [Opt(OptOps.UPCAST, 0, 4)] and kernel.upcast_size == 4
+
+def test_heuristic_with_noopt_applies_nothing():
+  matmul = Tensor.empty(4096, 4096) @ Tensor.empty(4096, 4096)
+  for target in (GPU, KernelTarget()):
+    kernel = Kernel(the_ast(matmul), target)
+    before = layout(kernel)
+    with Context(NOOPT=1): assert hand_coded_optimizations(kernel) == []
+    assert layout(kernel) == before
+
+def test_heuristic_on_a_cpu_upcasts_a_matmul_without_locals():
+  kernel, ops = heuristic(Tensor.empty(512, 512) @ Tensor.empty(512, 512), KernelTarget())
+  assert ops and set(ops) == {OptOps.UPCAST} and kernel.local_dims == 0 and kernel.group_for_reduce == 0 and kernel.upcast_size > 1
+
+# ---- 5. a long reduce into few outputs runs as two kernels ----
+
+def test_sum_of_a_million_is_two_kernels(tinyc_device):
+  x = np.random.default_rng(7).standard_normal(1 << 20).astype(np.float32)
+  out = Tensor(x).sum()
+  assert len(kernel_asts(out)) == 2
+  np.testing.assert_allclose(out.numpy(), x.astype(np.float64).sum(), rtol=1e-5)
+
+def test_multiply_fuses_into_the_first_half_of_a_split_sum(tinyc_device):
+  (a, ta), (b, tb) = realized(1 << 20, seed=8), realized(1 << 20, seed=9)
+  out = (ta * tb).sum()
+  first, second = kernel_asts(out)
+  assert any(node.op is BinaryOps.MUL for node in first.walk()) and not any(node.op is BinaryOps.MUL for node in second.walk())
+  np.testing.assert_allclose(out.numpy(), (a.astype(np.float64) * b).sum(), rtol=1e-5)
+
+def test_sum_over_axis_0_of_a_tall_array(tinyc_device):
+  x, tx = realized(65536, 16, seed=10)
+  out = tx.sum(0)
+  assert len(kernel_asts(out)) == 2
+  np.testing.assert_allclose(out.numpy(), x.astype(np.float64).sum(0), rtol=1e-5, atol=1e-4)
+
+def test_max_of_a_million_is_two_kernels(tinyc_device):
+  x, tx = realized(1 << 20, seed=11)
+  out = tx.max()
+  assert len(kernel_asts(out)) == 2
+  assert out.numpy() == x.max()
+
+def test_short_reduces_stay_one_kernel(tinyc_device):
+  x, tx = realized(1000, seed=12)
+  assert len(kernel_asts(tx.sum())) == 1 and len(kernel_asts(tx.max())) == 1
+  np.testing.assert_allclose(tx.sum().numpy(), x.astype(np.float64).sum(), rtol=1e-5)
+  assert tx.max().numpy() == x.max()
