@@ -11,6 +11,7 @@ Every optimization is an `Opt` applied by `apply_opt`, which reshapes and permut
 the single source of truth and a kernel's optimization is a replayable list.
 """
 from __future__ import annotations
+import copy
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Callable, Sequence
@@ -70,6 +71,12 @@ class Kernel:
     self._move_reduce_axes_last()
     self._drop_size_one_axes()
     self._merge_adjacent_axes()
+
+  def copy(self) -> Kernel:
+    """An independent kernel in the same state (every field is immutable or replaced on change, except the Opt list)."""
+    copied = copy.copy(self)
+    copied.applied_opts = list(self.applied_opts)
+    return copied
 
   def _reduce_input_shape(self) -> tuple[int, ...]:
     assert self.reduceop is not None
@@ -197,8 +204,8 @@ class Kernel:
            f"{self.local_size} threads per work-group is over this device's {self.target.max_local_size}; use a smaller amount")
     thread_axes = self.full_shape[self.global_dims:self.first_reduce_loop]  # the last is launch dimension 0
     limits = self.target.max_local_dim_sizes
-    _check(len(thread_axes) <= len(limits), opt, "no launch dimension is left for another local axis")
-    _check(all(size <= limit for size, limit in zip(reversed(thread_axes), limits)), opt, f"local axes {thread_axes} exceed the device's {limits}")
+    _check(len(thread_axes) <= len(limits), opt, "no launch dimension is left for another local axis; use fewer LOCAL/GROUP axes")
+    _check(all(size <= limit for size, limit in zip(reversed(thread_axes), limits)), opt, f"local axes {thread_axes} exceed the device's {limits}; use a smaller amount")
     _check(self.local_memory_bytes <= self.target.local_memory_bytes, opt,
            f"the group reduce needs {self.local_memory_bytes} bytes of local memory, over this device's {self.target.local_memory_bytes}; "
            "reduce the local size or the upcast")
