@@ -37,7 +37,7 @@ LAYERS: dict[str, int] = {
   "helpers": 1, "dtype": 1,
   "shape": 2, "ops": 2,
   "codegen": 3,
-  "runtime": 4, "device": 4,
+  "runtime": 4, "device": 4, "beam": 4,
   "lazy": 5, "schedule": 5, "realize": 5,
   "function": 6, "tensor": 6, "nn": 6, "jit": 6,
 }

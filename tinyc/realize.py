@@ -1,11 +1,12 @@
 """Layer 5: runs a schedule: allocates each output, performs load ops, and launches each kernel's compiled program.
-Imports helpers, dtype, ops, device, lazy, schedule.
+Imports helpers, dtype, ops, device, beam, lazy, schedule.
 """
 from __future__ import annotations
 from typing import Callable
-from tinyc.helpers import DEBUG, GlobalCounters, prod
-from tinyc.ops import LoadOps, ScheduleItem
-from tinyc.device import Buffer, Device, copy_buffer
+from tinyc.helpers import BEAM, DEBUG, GlobalCounters, prod
+from tinyc.ops import LazyOp, LoadOps, ScheduleItem
+from tinyc.device import Buffer, Device, Program, copy_buffer
+from tinyc.beam import beam_opts
 from tinyc.lazy import LazyBuffer
 from tinyc.schedule import create_schedule
 
@@ -18,8 +19,13 @@ def run_schedule(schedule: list[ScheduleItem]) -> None:
     out.realized = out.srcs[1].realized if out.op is LoadOps.ASSIGN else Buffer(out.device, prod(out.shape), out.dtype)
     if item.ast.op is LoadOps.EMPTY: pass
     elif item.ast.op is LoadOps.COPY: _run(copy_buffer, [out.realized, item.inputs[0].realized])
-    else: _run(Device[out.device].get_program(item.ast), [out.realized] + [src.realized for src in item.inputs])
+    else: _run(program_for(item.ast, out.device), [out.realized] + [src.realized for src in item.inputs])
     out.srcs = ()  # the value is stored: let the graph that made it be freed
+
+def program_for(ast: LazyOp, device_name: str) -> Program:
+  """The kernel's program: with BEAM=n the Opts a search on the device chose (cached), else the hand-coded heuristic's."""
+  device = Device[device_name]
+  return device.get_program(ast, beam_opts(device, ast) if BEAM >= 1 and device.compile_binary is not None else None)
 
 def _run(step: Callable[[list[Buffer]], None], buffers: list[Buffer | None]) -> None:
   assert all(buf is not None for buf in buffers), f"{step} reads an unrealized input"

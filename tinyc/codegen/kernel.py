@@ -205,7 +205,8 @@ class Kernel:
     thread_axes = self.full_shape[self.global_dims:self.first_reduce_loop]  # the last is launch dimension 0
     limits = self.target.max_local_dim_sizes
     _check(len(thread_axes) <= len(limits), opt, "no launch dimension is left for another local axis; use fewer LOCAL/GROUP axes")
-    _check(all(size <= limit for size, limit in zip(reversed(thread_axes), limits)), opt, f"local axes {thread_axes} exceed the device's {limits}; use a smaller amount")
+    _check(all(size <= limit for size, limit in zip(reversed(thread_axes), limits)), opt,
+           f"local axes {thread_axes} exceed the device's {limits}; use a smaller amount")
     _check(self.local_memory_bytes <= self.target.local_memory_bytes, opt,
            f"the group reduce needs {self.local_memory_bytes} bytes of local memory, over this device's {self.target.local_memory_bytes}; "
            "reduce the local size or the upcast")

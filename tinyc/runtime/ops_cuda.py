@@ -6,7 +6,7 @@ Compiled cubins are cached on disk under CACHE_DIR/cuda (default ~/.cache/tinyc)
 version, and written atomically (a temporary file, then a rename), so an interrupted run never leaves a corrupt entry.
 """
 from __future__ import annotations
-import atexit, hashlib, os, re, tempfile
+import atexit, functools, hashlib, os, re, tempfile
 from pathlib import Path
 from typing import Any, Callable
 import numpy as np
@@ -49,25 +49,33 @@ class CUDACompiler:
     self.modules: dict[str, Any] = {}
 
   def compile(self, name: str, source: str) -> Callable[..., float | None]:
-    if source not in self.modules:
-      cubin = cached_cubin(name, source, self.arch)
-      try: self.modules[source] = cuda.module_from_buffer(cubin)
-      except cuda.Error as error: raise CompileError(f"CUDA could not load kernel {name}: {error}") from error
-    function = self.modules[source].get_function(name)
-    function.prepare("P" * _pointer_parameters(source, name))  # the prepared path launches in a few microseconds
-    start, end = cuda.Event(), cuda.Event()
-    def run(*buffers: Any, global_size: tuple[int, int, int], local_size: tuple[int, int, int], wait: bool = False) -> float | None:
-      grid = tuple(g // l for g, l in zip(global_size, local_size))
-      try:
-        if wait: start.record()
-        function.prepared_call(grid, local_size, *buffers)
-        if not wait: return None
-        end.record()
-        end.synchronize()
-      except cuda.Error as error:
-        raise RuntimeError(f"CUDA kernel {name} failed (grid {grid}, block {local_size}): {error}") from error
-      return start.time_till(end) * 1e-3
-    return run
+    if source not in self.modules: self.modules[source] = _load_module(name, cached_cubin(name, source, self.arch))
+    return _runner(self.modules[source], name, source)
+
+  def load(self, name: str, source: str, cubin: bytes) -> Callable[..., float | None]:
+    """A runner for a cubin compiled elsewhere (a BEAM worker)."""
+    return _runner(_load_module(name, cubin), name, source)
+
+def _load_module(name: str, cubin: bytes) -> Any:
+  try: return cuda.module_from_buffer(cubin)
+  except cuda.Error as error: raise CompileError(f"CUDA could not load kernel {name}: {error}") from error
+
+def _runner(module: Any, name: str, source: str) -> Callable[..., float | None]:
+  function = module.get_function(name)
+  function.prepare("P" * _pointer_parameters(source, name))  # the prepared path launches in a few microseconds
+  start, end = cuda.Event(), cuda.Event()
+  def run(*buffers: Any, global_size: tuple[int, int, int], local_size: tuple[int, int, int], wait: bool = False) -> float | None:
+    grid = tuple(g // l for g, l in zip(global_size, local_size))
+    try:
+      if wait: start.record()
+      function.prepared_call(grid, local_size, *buffers)
+      if not wait: return None
+      end.record()
+      end.synchronize()
+    except cuda.Error as error:
+      raise RuntimeError(f"CUDA kernel {name} failed (grid {grid}, block {local_size}): {error}") from error
+    return start.time_till(end) * 1e-3
+  return run
 
 def _pointer_parameters(source: str, name: str) -> int:
   match = re.search(rf"void {name}\(([^)]*)\)", source)
@@ -91,4 +99,6 @@ def open_device() -> Compiled:
                         local_memory_bytes=attribute("MAX_SHARED_MEMORY_PER_BLOCK"),
                         max_local_dim_sizes=(attribute("MAX_BLOCK_DIM_X"), attribute("MAX_BLOCK_DIM_Y"), attribute("MAX_BLOCK_DIM_Z")))
   return Compiled("CUDA", CUDAAllocator(), render_cuda, compiler.compile, threads=True,
-                  max_local=min(256, attribute("MAX_THREADS_PER_BLOCK")), target=target)
+                  max_local=min(256, attribute("MAX_THREADS_PER_BLOCK")), target=target,
+                  compile_binary=functools.partial(compile_cuda, arch=compiler.arch, output="cubin"), load=compiler.load,
+                  arch=f"{device.name()} {compiler.arch}")

@@ -4,7 +4,7 @@ pyopencl appears only here.
 A GPU device is preferred over a CPU one; CL_PLATFORM and CL_DEVICE (an index, or part of the name) choose explicitly.
 """
 from __future__ import annotations
-import time
+import functools, time
 from typing import Any, Callable
 import numpy as np
 import pyopencl as cl
@@ -54,12 +54,17 @@ class CLCompiler:
     self.cache: dict[str, Any] = {}
 
   def compile(self, name: str, source: str) -> Callable[..., float | None]:
-    if source not in self.cache:
-      try: self.cache[source] = cl.Program(self.context, source).build()
-      except cl.Error as error:
-        hint = source if DEBUG >= 4 else "(run with DEBUG=4 to see the source)"
-        raise CompileError(f"OpenCL ({self.device.name}) rejected kernel {name}: {error}\n{hint}") from error
-    kernel = getattr(self.cache[source], name)
+    if source not in self.cache: self.cache[source] = _build(self.context, self.device, name, source)
+    return self._runner(self.cache[source], name)
+
+  def load(self, name: str, source: str, binary: bytes) -> Callable[..., float | None]:
+    """A runner for a program binary built elsewhere (a BEAM worker, on its own context for the same device)."""
+    try: program = cl.Program(self.context, [self.device], [binary]).build()
+    except cl.Error as error: raise CompileError(f"OpenCL ({self.device.name}) could not load the binary of {name}: {error}") from error
+    return self._runner(program, name)
+
+  def _runner(self, program: Any, name: str) -> Callable[..., float | None]:
+    kernel = getattr(program, name)
     queue = self.queue
     def run(*buffers: Any, global_size: tuple[int, ...], local_size: tuple[int, ...], wait: bool = False) -> float | None:
       started = time.perf_counter()
@@ -72,6 +77,21 @@ class CLCompiler:
       except cl.Error: return time.perf_counter() - started
     return run
 
+def _build(context: Any, device: Any, name: str, source: str) -> Any:
+  try: return cl.Program(context, source).build()
+  except cl.Error as error:
+    hint = source if DEBUG >= 4 else "(run with DEBUG=4 to see the source)"
+    raise CompileError(f"OpenCL ({device.name}) rejected kernel {name}: {error}\n{hint}") from error
+
+_worker_contexts: dict[tuple[str, str], Any] = {}
+def compile_binary(name: str, source: str, platform_name: str, device_name: str) -> bytes:
+  """Runs in a BEAM worker process: build `source` for the named device on a context of this process, return the binary."""
+  if (platform_name, device_name) not in _worker_contexts:
+    platform = next(p for p in cl.get_platforms() if p.name == platform_name)
+    _worker_contexts[(platform_name, device_name)] = cl.Context([next(d for d in platform.get_devices() if d.name == device_name)])
+  context = _worker_contexts[(platform_name, device_name)]
+  return bytes(_build(context, context.devices[0], name, source).binaries[0])
+
 def open_device() -> Compiled:
   device = choose_device()
   context = cl.Context([device])
@@ -81,4 +101,5 @@ def open_device() -> Compiled:
   target = KernelTarget(has_local=True, max_local_size=device.max_work_group_size, local_memory_bytes=device.local_mem_size,
                         max_local_dim_sizes=tuple(device.max_work_item_sizes[:3]))
   return Compiled("GPU", CLAllocator(context, queue), render_opencl, compiler.compile, threads=True, max_local=min(256, device.max_work_group_size),
-                  target=target)
+                  target=target, compile_binary=functools.partial(compile_binary, platform_name=device.platform.name, device_name=device.name),
+                  load=compiler.load, arch=f"{device.platform.name} {device.name} {device.driver_version}")

@@ -1,0 +1,98 @@
+"""BEAM search: results equal the unoptimized kernel's, the cache is hit on a second run and survives corruption, and broken
+candidates (a compiler error, a crashed worker, a hung worker) are dropped without harm. Runs on every device of the op suite."""
+from __future__ import annotations
+import os, sqlite3, time
+import numpy as np
+import pytest
+from tinyc import Tensor
+from tinyc.device import Device
+from tinyc.helpers import Context
+from tinyc.codegen.kernel import Kernel, Opt, OptOps
+from tinyc.codegen import search
+from tinyc.ops import LoadOps
+from tinyc.schedule import create_schedule
+from tinyc import beam
+
+@pytest.fixture(autouse=True)
+def fresh_cache(tmp_path, monkeypatch):
+  monkeypatch.setenv("CACHEDB", str(tmp_path / "beam.db"))
+  monkeypatch.setenv("BEAM_MAX_STEPS", "1")  # one step of the search is enough to test it, and keeps PoCL's compiles few
+  beam._chosen.clear()
+
+def matmul_inputs():
+  rng = np.random.default_rng(0)
+  return rng.standard_normal((16, 24), dtype=np.float32), rng.standard_normal((24, 8), dtype=np.float32)
+
+def test_beam_matches_numpy_and_the_second_run_searches_nothing(tinyc_device, monkeypatch):
+  if Device[Device.DEFAULT].compile_binary is None: pytest.skip(f"{Device.DEFAULT} cannot build in worker processes")
+  a, b = matmul_inputs()
+  with Context(BEAM=2): out = (Tensor(a) @ Tensor(b)).relu().numpy()
+  np.testing.assert_allclose(out, np.maximum(a @ b, 0), rtol=1e-5, atol=1e-5)
+  with sqlite3.connect(os.environ["CACHEDB"]) as connection: rows = connection.execute("SELECT opts FROM beam").fetchall()
+  assert len(rows) == 1, rows
+  beam._chosen.clear()
+  Device[Device.DEFAULT].programs.clear()
+  monkeypatch.setattr(beam, "search", lambda *args: pytest.fail("the cached kernel was searched again"))
+  with Context(BEAM=2): again = (Tensor(a) @ Tensor(b)).relu().numpy()
+  np.testing.assert_array_equal(again, out)
+
+def test_a_winner_that_differs_from_the_unoptimized_kernel_is_neither_used_nor_cached(tinyc_device, monkeypatch):
+  if Device[Device.DEFAULT].compile_binary is None: pytest.skip(f"{Device.DEFAULT} cannot build in worker processes")
+  monkeypatch.setattr(beam, "outputs_match", lambda *args: False)
+  x = np.arange(64, dtype=np.float32).reshape(8, 8)
+  with Context(BEAM=2): np.testing.assert_allclose(Tensor(x).sum(1).numpy(), x.sum(1))
+  assert not os.path.exists(os.environ["CACHEDB"]) or sqlite3.connect(os.environ["CACHEDB"]).execute("SELECT * FROM beam").fetchall() == []
+
+# ***** broken candidates: a fake build whose behaviour depends on the candidate (module-level, so workers can import it) *****
+
+def flaky_build(opts: tuple[Opt, ...]) -> tuple[str, int]:
+  last = opts[-1] if opts else None
+  if last == Opt(OptOps.UPCAST, 0, 2): os._exit(3)  # the worker dies, as if a compiler crashed
+  if last == Opt(OptOps.UPCAST, 0, 4): time.sleep(60)  # the worker hangs
+  if last == Opt(OptOps.UNROLL, 0, 4): raise RuntimeError("the compiler rejected it")
+  return repr(opts), len(opts)
+
+def test_crashed_hung_and_rejected_candidates_are_dropped():
+  item = next(item for item in create_schedule([(Tensor.empty(16, 16) @ Tensor.empty(16, 16)).lazydata]) if item.ast.op not in LoadOps)
+  kernel = Kernel(item.ast)
+  pool = search.CompilePool(workers=2, timeout_s=3.0)
+  measured: list[tuple[Opt, ...]] = []
+  def measure(opts, built):
+    measured.append(opts)
+    return 1.0 / (1 + built[1]) + (0.5 if opts and opts[-1].op is OptOps.UPCAST else 0.0)  # an UNROLL wins
+  try:
+    started = time.monotonic()
+    best = search.beam_search(kernel, 2, flaky_build, lambda opts: (opts,), measure, name="flaky", pool=pool)
+    assert time.monotonic() - started < 40, "a hung worker held the search up"
+    assert best and best[-1].op is OptOps.UNROLL and best[-1] != Opt(OptOps.UNROLL, 0, 4)
+    broken = {Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 4)}
+    assert measured and not any(opts and opts[-1] in broken for opts in measured)
+    assert pool.map(flaky_build, [((),)]) == [("()", 0)], "the pool works after its workers were replaced"
+  finally: pool.close()
+
+# ***** the cache *****
+
+def test_a_corrupt_cache_file_is_replaced(tmp_path):
+  path = tmp_path / "beam.db"
+  path.write_bytes(b"this is not a sqlite database" * 100)
+  assert search.cache_get("some key") is None
+  search.cache_put("some key", [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.LOCAL, 1, 16)])
+  assert search.cache_get("some key") == (Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.LOCAL, 1, 16))
+
+def test_a_row_this_version_cannot_read_is_a_miss():
+  search.cache_put("key", [Opt(OptOps.UPCAST, 0, 4)])
+  with sqlite3.connect(os.environ["CACHEDB"]) as connection: connection.execute("UPDATE beam SET opts = '[[\"NOT_AN_OPT\", 0, 4]]'")
+  assert search.cache_get("key") is None
+
+def test_ignore_beam_cache_bypasses_it(monkeypatch):
+  search.cache_put("key", [Opt(OptOps.UPCAST, 0, 4)])
+  monkeypatch.setenv("IGNORE_BEAM_CACHE", "1")
+  assert search.cache_get("key") is None
+
+def test_the_cache_key_covers_the_kernel_the_device_and_the_settings(monkeypatch):
+  asts = [next(i.ast for i in create_schedule([out.lazydata]) if i.ast.op not in LoadOps)
+          for out in (Tensor.empty(16, 16).sum(1), Tensor.empty(16, 16).max(1), Tensor.empty(16, 8).sum(1))]
+  keys = {search.cache_key(ast, "CUDA|sm_90") for ast in asts} | {search.cache_key(asts[0], "GPU|pocl")}
+  monkeypatch.setenv("NOLOCALS", "1")
+  keys.add(search.cache_key(asts[0], "CUDA|sm_90"))
+  assert len(keys) == 5

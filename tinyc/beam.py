@@ -1,0 +1,119 @@
+"""Layer 4: BEAM=n on a device: builds candidates in worker processes, times them on real-size buffers, checks the winner
+against the unoptimized kernel and caches it. Imports helpers, dtype, ops, codegen/, device.
+
+codegen/search.py owns the search, its workers and its cache; this module gives it the two device-specific functions it needs:
+`build_candidate` (run in a worker: render + compile to a binary, no device needed) and a `measure` closure (run here: load the
+binary, launch it on the device, take the fastest of a few runs).
+"""
+from __future__ import annotations
+import hashlib, math, sys, time
+from typing import Any, Callable
+import numpy as np
+from tinyc.dtype import dtypes
+from tinyc.helpers import BEAM, DEBUG, getenv, prod
+from tinyc.ops import LazyOp, MemBuffer
+from tinyc.codegen.heuristic import hand_coded_optimizations
+from tinyc.codegen.kernel import Kernel, KernelTarget, Opt
+from tinyc.codegen.linearizer import Linearizer
+from tinyc.codegen.search import ast_text, beam_search, cache_get, cache_key, cache_put
+from tinyc.device import Buffer, Compiled, Program, count_flops, cpu_launch_sizes, launch_sizes
+
+TIMING_GROUPS = 2048  # a GPU candidate is timed on at most this many work-groups (several waves on an H200), the time scaled up
+
+Built = tuple[str, str, bytes, Any, Any, int, int]  # name, source, binary, global size, local size, flops, bytes moved
+
+def build_candidate(ast: LazyOp, opts: tuple[Opt, ...], target: KernelTarget, threads: bool, max_local: int,
+                    render: Callable[[str, list], str], compile_binary: Callable[[str, str], bytes]) -> Built:
+  """Runs in a BEAM worker process. Each candidate gets a name of its own: a CPU backend loads them all into one address space."""
+  kernel = Kernel(ast, target)
+  for opt in opts: kernel.apply_opt(opt)
+  if threads: kernel.limit_global_dims(3)
+  uops = Linearizer(kernel, threads=threads).linearize()
+  name = f"{kernel.name}_{hashlib.sha256(f'{ast_text(ast)}{opts}'.encode()).hexdigest()[:10]}"
+  source = render(name, uops)
+  sizes = launch_sizes(uops, max_local) if threads else cpu_launch_sizes(uops)
+  mem_bytes = sum(buf.st.real_size() * buf.dtype.itemsize for buf in kernel.bufs if isinstance(buf, MemBuffer))
+  return name, source, compile_binary(name, source), sizes[0], sizes[1], count_flops(uops), mem_bytes
+
+_chosen: dict[tuple[str, LazyOp], tuple[Opt, ...]] = {}
+
+def beam_opts(device: Compiled, ast: LazyOp) -> tuple[Opt, ...]:
+  """The Opts BEAM=n chose for this kernel: from this process's memory, the on-disk cache, or a new search."""
+  if (device.name, ast) in _chosen: return _chosen[(device.name, ast)]
+  key = cache_key(ast, f"{device.name}|{device.arch}|{getattr(device.render, '__name__', '')}")
+  opts = cache_get(key)
+  if opts is None:
+    opts, verified = search(device, ast)
+    if verified: cache_put(key, opts)
+  _chosen[(device.name, ast)] = opts
+  return opts
+
+def search(device: Compiled, ast: LazyOp) -> tuple[tuple[Opt, ...], bool]:
+  """(the winner, whether it may be cached). A winner whose output differs from the unoptimized kernel's is not used."""
+  kernel = Kernel(ast, device.target)
+  hand_coded = tuple(hand_coded_optimizations(kernel.copy()))
+  buffers = _random_buffers(device.name, kernel)
+  times: dict[tuple[Opt, ...], float] = {}
+  def measure(opts: tuple[Opt, ...], built: Built) -> float:
+    name, source, binary, global_size, local_size, flops, mem_bytes = built
+    assert device.load is not None, f"{device.name} cannot load binaries, so it cannot search"
+    try:
+      program = Program(name, device.name, device.load(name, source, binary), flops, mem_bytes, global_size, local_size)
+      times[opts] = seconds = time_program(program, buffers, device.threads, min(times.values(), default=math.inf))
+    except (RuntimeError, OSError, ValueError) as error:  # a launch the device refuses (too many registers for the work-group...)
+      if DEBUG >= 3: print(f"BEAM: {name} failed to run: {error}", file=sys.stderr)
+      return math.inf
+    return seconds
+  started = time.perf_counter()
+  arguments = lambda opts: (ast, opts, device.target, device.threads, device.max_local, device.render, device.compile_binary)  # noqa: E731
+  best = beam_search(kernel, BEAM.value, build_candidate, arguments, measure, starts=((), hand_coded), name=kernel.name)
+  verified = not getenv("BEAM_VERIFY", 1) or outputs_match(device, ast, best, buffers)
+  if DEBUG >= 2 or not verified:
+    print(f"BEAM {kernel.name}: {list(best)} {times.get(best, math.nan) * 1e6:.2f} us against the hand-coded "
+          f"{times.get(hand_coded, math.nan) * 1e6:.2f} us after a {time.perf_counter() - started:.1f} s search"
+          + ("" if verified else "; ITS OUTPUT DIFFERS, using the hand-coded Opts"), file=sys.stderr)
+  return (best, True) if verified else (hand_coded, False)
+
+def time_program(program: Program, buffers: list[Buffer], scale_down: bool, best_s: float, runs: int = 3) -> float:
+  """The fastest of a few runs, in seconds. A GPU kernel with more than TIMING_GROUPS work-groups runs on fewer (they compute a
+  part of the output) and its time is scaled up; a candidate far slower than the best so far is not run again."""
+  global_size, local_size, factor = program.global_size, program.local_size, 1.0
+  if scale_down and global_size is not None and local_size is not None:
+    groups = [g // l for g, l in zip(global_size, local_size)]
+    while prod(groups) > TIMING_GROUPS:
+      dim = groups.index(max(groups))
+      factor *= groups[dim] / (groups[dim] // 2)
+      groups[dim] //= 2
+    global_size = (groups[0] * local_size[0], groups[1] * local_size[1], groups[2] * local_size[2])
+  opaques, fastest = [buf.opaque for buf in buffers], math.inf
+  for _ in range(runs):
+    seconds = program.run(*opaques, global_size=global_size, local_size=local_size, wait=True)
+    assert seconds is not None, "a timed run returns its time"
+    fastest = min(fastest, seconds * factor)
+    if fastest > 3 * best_s: break
+  return fastest
+
+def _random_buffers(device: str, kernel: Kernel) -> list[Buffer]:
+  """One real-size buffer per buffer number of the kernel, inputs filled with random values of their dtype."""
+  sizes: dict[int, tuple[int, Any]] = {}
+  for buf in kernel.bufs:
+    if isinstance(buf, MemBuffer): sizes[buf.idx] = (max(sizes.get(buf.idx, (0, None))[0], buf.st.real_size(), 1), buf.dtype)
+  rng = np.random.default_rng(0)
+  buffers = []
+  for idx in sorted(sizes):
+    size, dtype = sizes[idx]
+    buffer = Buffer(device, size, dtype)
+    if idx != 0:
+      values = rng.standard_normal(size).astype(np.float32) if dtypes.is_float(dtype) else rng.integers(0, 2 if dtype == dtypes.bool else 8, size)
+      buffer.copyin((values.view(np.uint32) >> 16).astype(np.uint16) if dtype == dtypes.bfloat16 else values.astype(dtype.np))
+    buffers.append(buffer)
+  return buffers
+
+def outputs_match(device: Compiled, ast: LazyOp, opts: tuple[Opt, ...], buffers: list[Buffer]) -> bool:
+  """Whether `opts` give the unoptimized kernel's output on the random inputs (BEAM_VERIFY)."""
+  results = []
+  for candidate in ((), opts):
+    device.get_program(ast, candidate)(buffers)
+    results.append(buffers[0].numpy().astype(np.float64))
+  tolerance = 1e-2 if buffers[0].dtype in (dtypes.float16, dtypes.bfloat16) else 1e-3
+  return bool(np.allclose(results[1], results[0], rtol=tolerance, atol=tolerance, equal_nan=True))

@@ -1,0 +1,204 @@
+"""Layer 3: BEAM search over Opts, its worker processes and its on-disk cache. Imports helpers, ops, codegen/kernel; the device
+passes in the functions that build (render + compile, in a worker process) and time (on the device) a candidate.
+
+The search keeps the `width` fastest Opt lists, expands each by every legal action, builds the new candidates in parallel
+worker processes (a candidate whose build fails, crashes its worker or runs past the timeout is dropped, and the worker
+replaced), times them, and stops when a step improves the best time by less than BEAM_MIN_PROGRESS. Candidates that render
+to the same source are timed once. The cache maps a key of (AST, device, settings) to the winning Opt list as JSON text in
+sqlite: data only, and a file that sqlite cannot read is replaced, never trusted.
+"""
+from __future__ import annotations
+import atexit, contextlib, hashlib, json, math, os, pickle, sqlite3, subprocess, sys, time
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any, Callable, Sequence
+from tinyc.helpers import DEBUG, getenv
+from tinyc.ops import ConstBuffer, LazyOp, MemBuffer
+from tinyc.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
+
+# the action space: each OptOp over the first axes, with the amounts that pay on real kernels (powers of two for tiles, the odd
+# sizes of image dims, 0 for a whole axis)
+ACTIONS: list[Opt] = [Opt(OptOps.UPCAST, axis, amount) for amount in (0, 2, 3, 4, 5, 7, 8, 16) for axis in range(6)]
+ACTIONS += [Opt(OptOps.UNROLL, axis, amount) for amount in (0, 2, 4, 7, 8, 16) for axis in range(5)]
+ACTIONS += [Opt(OptOps.LOCAL, axis, amount) for amount in (2, 3, 4, 7, 8, 13, 16, 29, 32) for axis in range(6)]
+ACTIONS += [Opt(OptOps.GROUPTOP, axis, amount) for amount in (13, 16, 28, 29, 32, 49, 64, 256) for axis in range(3)]
+ACTIONS += [Opt(OptOps.GROUP, axis, amount) for amount in (0, 4, 8, 16, 32, 64, 128, 256) for axis in range(3)]
+ACTIONS += [Opt(OptOps.PADTO, axis, 32) for axis in range(7)] + [Opt(OptOps.NOLOCALS, 0, 0)]
+
+def expansions(kernel: Kernel) -> list[tuple[Opt, ...]]:
+  """Every Opt list that is `kernel`'s plus one legal action (apply_opt prunes too many upcasts and locals over the limits)."""
+  found = []
+  for action in ACTIONS:
+    candidate = kernel.copy()
+    try: candidate.apply_opt(action)
+    except KernelOptError: continue
+    found.append(tuple(candidate.applied_opts))
+  return found
+
+# ***** worker processes *****
+
+class CompilePool:
+  """Worker processes that run build jobs: `job(*args)` for a picklable module-level function. A job that raises gives None; a
+  worker that crashes or runs past `timeout_s` is killed and replaced, and its job gives None too. Workers are fresh Python
+  processes (`python -c ...worker_main()`) talking pickle over pipes: not forks (the parent may hold a GPU context and
+  thread-pool locks) and not multiprocessing's spawn (which re-runs the user's unguarded __main__ script)."""
+  def __init__(self, workers: int, timeout_s: float) -> None:
+    self.size, self.timeout_s = workers, timeout_s
+    self.workers: list[subprocess.Popen] = []
+
+  def _start(self) -> subprocess.Popen:
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}  # what the parent can import
+    command = [sys.executable, "-c", "from tinyc.codegen.search import worker_main; worker_main()"]
+    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environment)
+
+  def map(self, job: Callable[..., Any], argument_lists: Sequence[tuple[Any, ...]]) -> list[Any]:
+    while len(self.workers) < self.size: self.workers.append(self._start())
+    results: list[Any] = [None] * len(argument_lists)
+    pending = list(reversed(range(len(argument_lists))))
+    busy: dict[int, tuple[int, float]] = {}  # worker number -> (job number, start time)
+    while pending or busy:
+      for number, worker in enumerate(self.workers):
+        if number not in busy and pending:
+          index = pending.pop()
+          try:
+            assert worker.stdin is not None
+            pickle.dump((job, argument_lists[index]), worker.stdin)
+            worker.stdin.flush()
+          except (OSError, ValueError): self._replace(number)  # it had died: the job is dropped
+          else: busy[number] = (index, time.monotonic())
+      ready = wait([self.workers[number].stdout for number in busy], timeout=0.05)  # type: ignore[misc]
+      for number in list(busy):
+        worker = self.workers[number]
+        if worker.stdout in ready:
+          try: results[busy[number][0]] = pickle.load(worker.stdout)  # type: ignore[arg-type]
+          except (EOFError, OSError, pickle.UnpicklingError): self._replace(number)  # it crashed (in a compiler): the job is dropped
+          del busy[number]
+        elif time.monotonic() - busy[number][1] > self.timeout_s:
+          if DEBUG >= 2: print(f"BEAM: a candidate's build ran past {self.timeout_s} s and was dropped", file=sys.stderr)
+          self._replace(number)
+          del busy[number]
+    return results
+
+  def _replace(self, number: int) -> None:
+    self._stop(self.workers[number])
+    self.workers[number] = self._start()
+
+  @staticmethod
+  def _stop(worker: subprocess.Popen) -> None:
+    worker.kill()
+    worker.wait()
+    for pipe in (worker.stdin, worker.stdout):
+      if pipe is not None: pipe.close()
+
+  def close(self) -> None:
+    for worker in self.workers: self._stop(worker)
+    self.workers = []
+
+def worker_main() -> None:
+  """A worker's loop: read (job, arguments), write the result; stdout is the protocol, so prints go to stderr."""
+  protocol_in, protocol_out = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
+  os.dup2(2, 1)
+  while True:
+    try: job, arguments = pickle.load(protocol_in)
+    except (EOFError, OSError): return
+    try: result = job(*arguments)
+    except Exception as error:  # a candidate the compiler rejects is dropped, not fatal
+      if DEBUG >= 3: print(f"BEAM: a candidate failed to build: {type(error).__name__}: {error}", file=sys.stderr)
+      result = None
+    pickle.dump(result, protocol_out)
+    protocol_out.flush()
+
+_pool: CompilePool | None = None
+def compile_pool() -> CompilePool:
+  """The process's pool, started on the first search: one worker per core (BEAM_WORKERS overrides), BEAM_TIMEOUT seconds a build."""
+  global _pool
+  if _pool is None:
+    _pool = CompilePool(getenv("BEAM_WORKERS", 0) or len(os.sched_getaffinity(0)), getenv("BEAM_TIMEOUT", 30.0))
+    atexit.register(_pool.close)
+  return _pool
+
+# ***** the search *****
+
+def beam_search(kernel: Kernel, width: int, build: Callable[..., Any], build_arguments: Callable[[tuple[Opt, ...]], tuple[Any, ...]],
+                measure: Callable[[tuple[Opt, ...], Any], float], starts: Sequence[tuple[Opt, ...]] = ((),), name: str = "",
+                pool: CompilePool | None = None) -> tuple[Opt, ...]:
+  """The fastest Opt list found. `build(*build_arguments(opts))` runs in a worker and returns (source, anything picklable) or None;
+  `measure(opts, built)` times it on the device in seconds (math.inf when it fails)."""
+  min_progress = getenv("BEAM_MIN_PROGRESS", 0.01)  # stop when a step gains less than this fraction of the best time
+  pool, seen_sources = pool or compile_pool(), set()
+  def evaluate(candidates: list[tuple[Opt, ...]]) -> list[tuple[float, tuple[Opt, ...]]]:
+    built = pool.map(build, [build_arguments(opts) for opts in candidates])
+    timed = []
+    for opts, result in zip(candidates, built):
+      if result is None or result[0] in seen_sources: continue
+      seen_sources.add(result[0])
+      timed.append((measure(opts, result), opts))
+    return [entry for entry in timed if math.isfinite(entry[0])]
+  by_time: Callable[[tuple[float, tuple[Opt, ...]]], float] = lambda entry: entry[0]  # noqa: E731
+  beam = sorted(evaluate(list(starts)), key=by_time)[:width]
+  if not beam: return tuple(starts[0])
+  for step in range(1, getenv("BEAM_MAX_STEPS", 20) + 1):
+    _progress(name, step, beam[0][0], len(seen_sources))
+    candidates = list(dict.fromkeys(opts for _, start in beam for opts in expansions(_replay(kernel, start))))
+    new = evaluate(candidates)
+    if not new or min(new, key=by_time)[0] > beam[0][0] * (1 - min_progress): break
+    beam = sorted(beam + new, key=by_time)[:width]
+  _progress(name, -1, beam[0][0], len(seen_sources))
+  return beam[0][1]
+
+def _replay(kernel: Kernel, opts: Sequence[Opt]) -> Kernel:
+  replayed = kernel.copy()
+  for opt in opts: replayed.apply_opt(opt)
+  return replayed
+
+def _progress(name: str, step: int, best_s: float, tried: int) -> None:
+  """One line, rewritten in place while the search runs (kernel, step, best time so far)."""
+  if DEBUG < 1 and not getenv("BEAM_PROGRESS", 1): return
+  line = f"BEAM {name:30s} step {step:2d}  best {best_s * 1e6:10.2f} us  ({tried} candidates timed)" if step >= 0 else ""
+  if sys.stderr.isatty(): print(f"\r{line:90s}\r", end="", file=sys.stderr, flush=True)
+  elif line: print(line, file=sys.stderr)
+
+# ***** the cache *****
+
+def ast_text(ast: LazyOp) -> str:
+  """A canonical text of a kernel's AST (ops, args, every buffer's views and dtype): the part of the cache key that is the kernel."""
+  arg = ast.arg
+  if isinstance(arg, (MemBuffer, ConstBuffer)):
+    what = f"buf{arg.idx}" if isinstance(arg, MemBuffer) else f"const {arg.val!r}"
+    arg = f"{what} {arg.dtype.name} {[(v.shape, v.strides, v.offset, v.mask) for v in arg.st.views]}"
+  elif hasattr(arg, "name") and hasattr(arg, "itemsize"): arg = arg.name  # a dtype (casts)
+  return f"{ast.op}({arg!r}; {', '.join(ast_text(src) for src in ast.src)})"
+
+def cache_key(ast: LazyOp, device_key: str) -> str:
+  """The cache key: the AST, the device (its name, architecture and renderer) and every setting that changes the search."""
+  settings = {name: getenv(name, "") for name in ("BEAM", "BEAM_MIN_PROGRESS", "BEAM_MAX_STEPS", "NOLOCALS")}
+  return hashlib.sha256(f"{ast_text(ast)}|{device_key}|{sorted(settings.items())}|{len(ACTIONS)}".encode()).hexdigest()
+
+def cache_path() -> Path: return Path(getenv("CACHEDB", str(Path.home() / ".cache" / "tinyc" / "beam.db")))
+
+def _open_cache() -> sqlite3.Connection:
+  path = cache_path()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  try:
+    connection = sqlite3.connect(path, timeout=30)
+    connection.execute("CREATE TABLE IF NOT EXISTS beam (key TEXT PRIMARY KEY, opts TEXT NOT NULL)")
+    connection.execute("SELECT count(*) FROM beam").fetchone()
+    return connection
+  except sqlite3.DatabaseError as error:  # not a database, or a damaged one: start a new file
+    if DEBUG >= 1: print(f"tinyc: the BEAM cache {path} is unreadable ({error}); starting a new one", file=sys.stderr)
+    path.unlink(missing_ok=True)
+    connection = sqlite3.connect(path, timeout=30)
+    connection.execute("CREATE TABLE IF NOT EXISTS beam (key TEXT PRIMARY KEY, opts TEXT NOT NULL)")
+    return connection
+
+def cache_get(key: str) -> tuple[Opt, ...] | None:
+  if getenv("IGNORE_BEAM_CACHE", 0): return None
+  with contextlib.closing(_open_cache()) as connection: row = connection.execute("SELECT opts FROM beam WHERE key = ?", (key,)).fetchone()
+  if row is None: return None
+  try: return tuple(Opt(OptOps[op], axis, amount) for op, axis, amount in json.loads(row[0]))
+  except (ValueError, KeyError, TypeError): return None  # a row this version cannot read is a miss
+
+def cache_put(key: str, opts: Sequence[Opt]) -> None:
+  text = json.dumps([[opt.op.name, opt.axis, opt.amount] for opt in opts])
+  with contextlib.closing(_open_cache()) as connection, connection:  # the inner `with` commits the one-row transaction
+    connection.execute("INSERT OR REPLACE INTO beam (key, opts) VALUES (?, ?)", (key, text))
