@@ -3,10 +3,14 @@ the work really is split, small kernels and kernels without a global loop run on
 import multiprocessing, signal, threading
 import numpy as np
 import pytest
-import tinyc.device as device
+import tinyc.codegen.cpu_split as cpu_split
 import tinyc.runtime.ops_llvm as ops_llvm
 from tinyc import Device, Tensor
+from tinyc.codegen.kernel import Kernel
+from tinyc.codegen.linearizer import Linearizer
+from tinyc.codegen.llvmir import render_llvm
 from tinyc.helpers import Context
+from tinyc.schedule import create_schedule
 from tinyc.jit import TinyJit
 
 def record_runs(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[int, int]]]:
@@ -23,7 +27,7 @@ def record_runs(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[int, int]]]:
 @pytest.fixture
 def split_runs(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[int, int]]]:
   """Every kernel compiled in the test is worth splitting, however small; the ranges each run was given."""
-  monkeypatch.setattr(device, "CPU_WORK_PER_THREAD", 1)
+  monkeypatch.setattr(cpu_split, "CPU_WORK_PER_THREAD", 1)
   return record_runs(monkeypatch)
 
 def kernels(x: np.ndarray, w: np.ndarray) -> dict[str, tuple[Tensor, np.ndarray]]:
@@ -61,19 +65,31 @@ def test_split_range_covers_the_range_with_enough_rows_each():
   for rows in (1, 2, 7, 13, 1001):
     for min_rows in (1, 3, 500):
       for threads in (1, 2, 3, 16):
-        ranges = ops_llvm.split_range(rows, min_rows, threads)
+        ranges = cpu_split.split_range(rows, min_rows, threads)
         assert [start for start, _ in ranges] == [0] + [end for _, end in ranges[:-1]] and ranges[-1][1] == rows
         assert all(start < end for start, end in ranges) and len(ranges) <= threads
         assert len(ranges) == 1 or all(end - start >= min_rows for start, end in ranges), (rows, min_rows, threads, ranges)
 
 def test_small_kernels_run_on_one_thread_and_large_ones_are_split(monkeypatch):
+  monkeypatch.setattr(cpu_split, "CPU_WORK_PER_THREAD", 1 << 20)
   runs = record_runs(monkeypatch)
   with Context(CPU_THREADS=2):
     (Tensor(np.ones((4, 4), np.float32), device="LLVM") + 1).realize()
-    assert runs[-1] == [(0, runs[-1][0][1])], "a 16-element kernel must not pay for threads"
-    big = np.ones((2048, 2048), np.float32)
+    small = next(iter(Device["LLVM"].programs.values()))
+    assert not runs and small.global_size is None, "a 16-element kernel must not pay for threads"
+    big = np.ones((1024, 1024), np.float32)
     np.testing.assert_equal((Tensor(big, device="LLVM") * 3).numpy(), big * 3)
-    assert len(runs[-1]) == 2, "a 16 MB elementwise kernel is worth two threads"
+    assert len(runs[-1]) == 2, "a kernel of 3M ops is worth two threads of at least 1M each"
+
+def test_only_split_kernels_take_a_range(monkeypatch):
+  # constant loop bounds let LLVM unroll a small kernel instead of emitting vector code for any trip count: it compiles 2x faster
+  monkeypatch.setattr(cpu_split, "CPU_WORK_PER_THREAD", 1 << 20)
+  small, big = np.ones((4, 4), np.float32), np.ones((1024, 1024), np.float32)
+  for array, takes_range in ((small, False), (big, True)):
+    (item,) = create_schedule([(Tensor(array, device="LLVM").realize() * 3).lazydata])
+    uops = Linearizer(Kernel(item.ast)).linearize()
+    assert (cpu_split.outer_split(uops) is not None) == takes_range
+    assert ('i64 %"start", i64 %"end"' in render_llvm("k", uops)) == takes_range
 
 def test_kernel_without_a_global_loop_takes_no_range(split_runs):
   x = np.arange(100, dtype=np.float32)

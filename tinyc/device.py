@@ -15,6 +15,7 @@ from tinyc.codegen.kernel import CPU_TARGET, Kernel, KernelTarget, Opt
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.linearizer import Linearizer
 from tinyc.codegen.uops import UOps, UOp
+from tinyc.codegen.cpu_split import outer_split
 
 class Allocator:
   """Device memory with a free list: a freed block is kept and handed out again for the next request of the same size."""
@@ -118,24 +119,23 @@ def launch_sizes(uops: list[UOp], max_local: int = 256) -> tuple[tuple[int, int,
     return (groups[0], groups[1], groups[2]), (local_size[0], local_size[1], local_size[2])
   return (groups[0] * local_size[0], groups[1] * local_size[1], groups[2] * local_size[2]), (local_size[0], local_size[1], local_size[2])
 
-# Handing a range to a pool thread and joining it costs ~50 us (2-core VM), so a thread's share should be several times that: about
-# 4M float ops + bytes moved (~0.5 ms of one core for elementwise kernels, ~0.1 ms for matmuls). Smaller kernels run on one thread.
-CPU_WORK_PER_THREAD = 4 << 20
-
-def cpu_launch_sizes(uops: list[UOp], work: int) -> tuple[tuple[int, int, int] | None, tuple[int, int, int] | None]:
-  """For a CPU backend, which splits a kernel's outermost global loop gidx0 across threads: ((its trips, 1, 1), (the fewest trips
-  worth a thread of their own, 1, 1)), or (None, None) for a kernel without global loops. `work`: float ops + bytes moved."""
-  rows = next((uop.src[1].arg for uop in uops if uop.op is UOps.LOOP and uop.arg[0] == "gidx0"), None)
-  if rows is None: return None, None
-  return (rows, 1, 1), (min(rows, -(-CPU_WORK_PER_THREAD * rows // max(work, 1))), 1, 1)
+def cpu_launch_sizes(uops: list[UOp]) -> tuple[tuple[int, int, int] | None, tuple[int, int, int] | None]:
+  """A CPU kernel split across threads (see codegen/cpu_split.py): ((the trips of its gidx0 loop, 1, 1), (the fewest of them worth a
+  thread, 1, 1)). (None, None) for a kernel that runs on one thread."""
+  if (split := outer_split(uops)) is None: return None, None
+  return (split[0], 1, 1), (split[1], 1, 1)
 
 class Compiled:
   """A backend: allocator + renderer (name, uops -> source) + compiler (name, source -> runnable) + a cache from AST to Program."""
   def __init__(self, name: str, allocator: Allocator, render: Callable[[str, list[UOp]], str], compile: Callable[[str, str], Callable[..., Any]],
-               threads: bool = False, max_local: int = 256, target: KernelTarget = CPU_TARGET) -> None:
+               threads: bool = False, max_local: int = 256, target: KernelTarget = CPU_TARGET,
+               compile_binary: Callable[[str, str], bytes] | None = None, load: Callable[[str, str, bytes], Callable[..., Any]] | None = None,
+               arch: str = "") -> None:
     self.name, self.allocator, self.render, self.compile = name, allocator, render, compile
     self.threads, self.max_local = threads, max_local  # threads: global axes become GPU thread ids; max_local: the automatic work-group size
-    self.target = target
+    self.target, self.arch = target, arch  # arch: the device and compiler, as far as they change the code (part of BEAM's cache key)
+    # for BEAM: compile_binary (name, source) -> bytes runs in a worker process (picklable, needs no device); load makes it a runner
+    self.compile_binary, self.load = compile_binary, load
     self.programs: dict[tuple[LazyOp, tuple[Opt, ...] | None], Program] = {}
     self._names: dict[str, int] = defaultdict(int)
 
@@ -159,7 +159,7 @@ class Compiled:
     if DEBUG >= 3: print(f"compiled {name} in {(time.perf_counter() - started) * 1e3:.2f} ms")
     flops = count_flops(uops)
     mem_bytes = sum(buf.st.real_size() * buf.dtype.itemsize for buf in kernel.bufs if isinstance(buf, MemBuffer))
-    sizes = launch_sizes(uops, self.max_local) if self.threads else cpu_launch_sizes(uops, flops + mem_bytes)
+    sizes = launch_sizes(uops, self.max_local) if self.threads else cpu_launch_sizes(uops)
     self.programs[(ast, opts)] = program = Program(name, self.name, run, flops, mem_bytes, *sizes)
     return program
 

@@ -2,8 +2,8 @@
 Imports helpers, dtype, ops, codegen/uops; llvmlite.ir only (the IR builder, no native code).
 
 Loops are do-while blocks with a phi for the counter (every loop runs at least once); an accumulator is an alloca that
-LLVM's mem2reg turns into phis. bfloat16 lives in memory as i16 and in registers as float. The outermost global loop gidx0
-runs over [start, end) given as two trailing i64 arguments, so the runtime can split it across CPU threads.
+LLVM's mem2reg turns into phis. bfloat16 lives in memory as i16 and in registers as float. In a kernel large enough to split
+across CPU threads, the outermost global loop gidx0 runs over [start, end) given as two trailing i64 arguments.
 """
 from __future__ import annotations
 import contextlib
@@ -13,6 +13,7 @@ import llvmlite.ir as ir
 from tinyc.dtype import DType, dtypes
 from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
 from tinyc.codegen.uops import UOp, UOps
+from tinyc.codegen.cpu_split import outer_split
 
 # reassociation lets LLVM vectorize reductions; no nnan/ninf (inf and NaN keep their meaning), and no arcp/afn: those let
 # LLVM turn 1/sqrt(x) into an approximation that gives nan at 0
@@ -128,11 +129,11 @@ def _to_memory(builder: ir.IRBuilder, value: ir.Value, dtype: DType) -> ir.Value
   return value
 
 def render_llvm(function_name: str, uops: list[UOp]) -> str:
-  """LLVM IR of `void function_name(ptr data0, ptr data1, ..., i64 start, i64 end)` for these UOps; start and end (only
-  where there is a gidx0 loop) bound that loop, and the caller must keep start < end (loops are do-while)."""
+  """LLVM IR of `void function_name(ptr data0, ptr data1, ..., i64 start, i64 end)` for these UOps; start and end (only for a
+  kernel that cpu_split.outer_split splits) bound the gidx0 loop, and the caller must keep start < end (loops are do-while)."""
   module = ir.Module(name=function_name)
   buffers = [uop for uop in uops if uop.op is UOps.DEFINE_GLOBAL]
-  outer_loop = next((uop for uop in uops if uop.op is UOps.LOOP and uop.arg[0] == "gidx0"), None)
+  outer_loop = next((uop for uop in uops if uop.op is UOps.LOOP and uop.arg[0] == "gidx0"), None) if outer_split(uops) else None
   range_types = [ir.IntType(64)] * 2 if outer_loop is not None else []
   function = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()] * len(buffers) + range_types), name=function_name)
   for arg in function.args[:len(buffers)]: arg.add_attribute("noalias")
@@ -140,9 +141,14 @@ def render_llvm(function_name: str, uops: list[UOp]) -> str:
   entry = function.append_basic_block("entry")
   builder = ir.IRBuilder(function.append_basic_block("body"))
   allocas = ir.IRBuilder(entry)
-  if outer_loop is not None:  # truncated in the entry block where the index type is i32 (the arguments are i64 for one calling convention)
-    index_type = register_type(_dtype_of(outer_loop))
-    outer_bounds = [arg if arg.type == index_type else allocas.trunc(arg, index_type) for arg in function.args[len(buffers):]]
+  if outer_loop is not None:
+    # clamped to the loop's constant end: knowing gidx0 < end LLVM proves the index math cannot overflow, which it needs to
+    # vectorize loads (without it a 512x512 matmul runs 5x slower). Truncated here where the index type is i32.
+    index_type, trips = register_type(_dtype_of(outer_loop)), ir.Constant(ir.IntType(64), outer_loop.src[1].arg)
+    outer_bounds = []
+    for arg in function.args[len(buffers):]:
+      clamped = allocas.select(allocas.icmp_unsigned("<", arg, trips), arg, trips)
+      outer_bounds.append(clamped if clamped.type == index_type else allocas.trunc(clamped, index_type))
   values: dict[UOp, Any] = {}  # UOp -> its llvmlite value
   no_vectorize_option = module.add_metadata(["llvm.loop.vectorize.enable", ir.Constant(ir.IntType(1), 0)])
   loop_ids: list[Any] = []

@@ -8,11 +8,12 @@ outermost loop run it on several cores at once.
 """
 from __future__ import annotations
 import concurrent.futures, ctypes, functools, os, time
-from typing import Callable
+from typing import Any, Callable
 import numpy as np
 import llvmlite.binding as llvm
 from tinyc.helpers import CPU_THREADS, DEBUG
 from tinyc.device import Allocator, Compiled, CompileError
+from tinyc.codegen.cpu_split import split_range
 from tinyc.codegen.llvmir import render_llvm
 
 class HostMemory:
@@ -31,54 +32,65 @@ class HostAllocator(Allocator):
   def copyin(self, dest: HostMemory, src: memoryview) -> None: dest.array[:] = np.frombuffer(src, dtype=np.uint8)
   def copyout(self, dest: memoryview, src: HostMemory) -> None: np.frombuffer(dest, dtype=np.uint8)[:] = src.array
 
+@functools.cache
+def host_target_machine() -> Any:
+  llvm.initialize_native_target()
+  llvm.initialize_native_asmprinter()
+  target = llvm.Target.from_default_triple()
+  return target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3)
+
+def optimized_module(name: str, source: str) -> Any:
+  """The kernel's IR parsed, checked and optimized at O3 for this CPU."""
+  try:
+    module = llvm.parse_assembly(source)
+    module.verify()
+  except RuntimeError as error:
+    hint = source if DEBUG >= 4 else "(run with DEBUG=4 to see the IR)"
+    raise CompileError(f"LLVM rejected kernel {name}: {error}\n{hint}") from error
+  target_machine = host_target_machine()
+  module.triple, module.data_layout = target_machine.triple, str(target_machine.target_data)
+  tuning = llvm.create_pipeline_tuning_options(speed_level=3)
+  tuning.loop_vectorization, tuning.slp_vectorization = True, True
+  pass_builder = llvm.create_pass_builder(target_machine, tuning)
+  pass_builder.getModulePassManager().run(module, pass_builder)
+  if DEBUG >= 5: print(target_machine.emit_assembly(module))
+  return module
+
+def compile_object(name: str, source: str) -> bytes:
+  """Runs in a BEAM worker process (the same machine): the kernel as a native object file."""
+  return bytes(host_target_machine().emit_object(optimized_module(name, source)))
+
 class LLVMCompiler:
   """One MCJIT engine for the process; each kernel's IR is optimized at O3 and added as a module. Cached by IR text."""
   def __init__(self) -> None:
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    target = llvm.Target.from_default_triple()
-    self.target_machine = target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3)
-    self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self.target_machine)
+    self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), host_target_machine())
     self.cache: dict[str, int] = {}
 
   def compile(self, name: str, source: str) -> Callable[..., float | None]:
     if source not in self.cache:
-      try:
-        module = llvm.parse_assembly(source)
-        module.verify()
-      except RuntimeError as error:
-        hint = source if DEBUG >= 4 else "(run with DEBUG=4 to see the IR)"
-        raise CompileError(f"LLVM rejected kernel {name}: {error}\n{hint}") from error
-      module.triple, module.data_layout = self.target_machine.triple, str(self.target_machine.target_data)
-      tuning = llvm.create_pipeline_tuning_options(speed_level=3)
-      tuning.loop_vectorization, tuning.slp_vectorization = True, True
-      pass_builder = llvm.create_pass_builder(self.target_machine, tuning)
-      pass_builder.getModulePassManager().run(module, pass_builder)
-      if DEBUG >= 5: print(self.target_machine.emit_assembly(module))
-      self.engine.add_module(module)
+      self.engine.add_module(optimized_module(name, source))
       self.engine.finalize_object()
       self.cache[source] = self.engine.get_function_address(name)
     return make_runner(self.cache[source])
+
+  def load(self, name: str, source: str, native_object: bytes) -> Callable[..., float | None]:
+    """A runner for an object file compiled by a BEAM worker (each candidate has a name of its own)."""
+    self.engine.add_object_file(llvm.ObjectFileRef.from_data(native_object))
+    self.engine.finalize_object()
+    return make_runner(self.engine.get_function_address(name))
 
 def make_runner(address: int) -> Callable[..., float | None]:
   function = ctypes.CFUNCTYPE(None)(address)  # no argtypes: each call passes c_void_p pointers (and c_int64 bounds) as they are
   def run(*buffers: HostMemory, global_size: tuple[int, int, int] | None = None, local_size: tuple[int, int, int] | None = None,
           wait: bool = False) -> float | None:
-    """global_size[0]: the trips of the kernel's gidx0 loop (None: it has none, and takes no bounds); local_size[0]: the fewest of
-    them worth a thread of their own (see device.cpu_launch_sizes)."""
+    """For a kernel split across threads (it takes [start, end) of gidx0 after the buffers), global_size[0] is the trips of gidx0
+    and local_size[0] the fewest of them worth a thread; None for one that runs on one thread (see codegen/cpu_split.py)."""
     started = time.perf_counter()
     pointers = [buf.pointer for buf in buffers]
     if global_size is None: function(*pointers)
-    else:
-      rows, min_rows = global_size[0], (local_size or global_size)[0]
-      run_ranges(function, pointers, split_range(rows, min_rows, cpu_threads()) if rows >= 2 * min_rows else [(0, rows)])
+    else: run_ranges(function, pointers, split_range(global_size[0], (local_size or global_size)[0], cpu_threads()))
     return time.perf_counter() - started if wait else None
   return run
-
-def split_range(rows: int, min_rows: int, threads: int) -> list[tuple[int, int]]:
-  """[0, rows) as contiguous ranges of nearly equal length, at most one per thread and none shorter than min_rows (nor empty)."""
-  count = max(1, min(threads, rows // max(min_rows, 1)))
-  return [(rows * i // count, rows * (i + 1) // count) for i in range(count)]
 
 def run_ranges(function: Callable[..., None], pointers: list[ctypes.c_void_p], ranges: list[tuple[int, int]]) -> None:
   """function(*pointers, start, end) for every range at once: the first on this thread, the others on pool threads. Returns when
@@ -118,9 +130,10 @@ def worker_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
 def _forget_pool() -> None:
   global _pool
   _pool = None
-# a forked child (BEAM's compile workers, a DataLoader) has none of its parent's threads: a pool inherited from it would never run anything
+# a forked child has none of its parent's threads: a pool inherited from it would take ranges and never run them
 if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_forget_pool)
 
 def open_device() -> Compiled:
   compiler = LLVMCompiler()
-  return Compiled("LLVM", HostAllocator(), render_llvm, compiler.compile)
+  return Compiled("LLVM", HostAllocator(), render_llvm, compiler.compile, compile_binary=compile_object, load=compiler.load,
+                  arch=f"{llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}")

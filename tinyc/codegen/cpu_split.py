@@ -1,0 +1,38 @@
+"""Layer 3: which CPU kernels run their outermost global loop gidx0 on several threads, and in what pieces. Imports codegen/uops.
+One rule for three users: the LLVM renderer gives such a kernel [start, end) arguments for gidx0, device.py reports gidx0's size
+as the kernel's global size, and runtime/ops_llvm.py calls the kernel on ranges of it from a thread pool.
+
+Only kernels worth it are split: a kernel with constant loop bounds compiles about twice as fast (LLVM unrolls it instead of
+emitting vector code with remainder loops and runtime checks), and waking a pool thread costs more than a small kernel runs.
+"""
+from __future__ import annotations
+from tinyc.codegen.uops import UOp, UOps
+
+# Waking a pool thread for a range and joining it costs 30-90 us (measured on a 2-core KVM guest), so a thread's share should be
+# several times that. There, two threads ran a 384x384 matmul (265M ops) 1.2-1.5x faster, a 256x256 one (79M) no faster, and
+# made a 1M-element a*a+a (4M) or a 4x4 kernel slower. 32M ops is ~0.15 ms of one core in a matmul, ~1 ms in exp or copies.
+CPU_WORK_PER_THREAD = 32 << 20  # ops executed (see executed_ops)
+
+def executed_ops(uops: list[UOp]) -> int:
+  """The ALU ops, loads and stores a kernel executes: each counts once per iteration of the loops around it."""
+  ops, trips, loop_sizes = 0, 1, []
+  for uop in uops:
+    if uop.op is UOps.LOOP:
+      loop_sizes.append(uop.src[1].arg)
+      trips *= uop.src[1].arg
+    elif uop.op is UOps.END and uop.src[0].op is UOps.LOOP: trips //= loop_sizes.pop()
+    elif uop.op in (UOps.ALU, UOps.LOAD, UOps.STORE): ops += trips
+  return ops
+
+def outer_split(uops: list[UOp]) -> tuple[int, int] | None:
+  """(the trips of gidx0, the fewest of them worth a thread of their own) for a kernel worth at least two threads; None for one
+  that runs on a single thread (no gidx0 loop, or too little work)."""
+  rows = next((uop.src[1].arg for uop in uops if uop.op is UOps.LOOP and uop.arg[0] == "gidx0"), None)
+  if rows is None: return None
+  min_rows = -(-CPU_WORK_PER_THREAD * rows // max(executed_ops(uops), 1))  # rounded up
+  return (rows, min_rows) if rows >= 2 * min_rows else None
+
+def split_range(rows: int, min_rows: int, threads: int) -> list[tuple[int, int]]:
+  """[0, rows) as contiguous ranges of nearly equal length, at most one per thread and none shorter than min_rows (nor empty)."""
+  count = max(1, min(threads, rows // max(min_rows, 1)))
+  return [(rows * i // count, rows * (i + 1) // count) for i in range(count)]
