@@ -21,9 +21,13 @@ import torch
 
 COPY_CEILING_GBS, FP32_CEILING_TFLOPS = 4100.0, 49.5
 
+first_realize_s: list[float] = []  # wall time of each row's first realize: compiles, and with BEAM=n the search
+
 def tinyc_kernel_seconds(make: Callable[[], Tensor], repeats: int) -> float:
-  """Median device time of realizing make() (all its kernels), after a warm-up that compiles them."""
+  """Median device time of realizing make() (all its kernels), after a warm-up that compiles them (and searches, with BEAM)."""
+  started = time.perf_counter()
   make().realize()
+  first_realize_s.append(time.perf_counter() - started)
   times = []
   for _ in range(repeats):
     GlobalCounters.reset()
@@ -63,23 +67,29 @@ def main() -> None:
   rng = np.random.default_rng(0)
   print(f"device {Device.DEFAULT}; torch {torch.__version__} on {torch.cuda.get_device_name()}; medians of {args.repeats}")
   print(f"{'':26s} {'tinyc':>12s} {'torch':>12s} {'tinyc/ceiling':>14s} {'torch time / tinyc time':>24s}")
-  def wanted(name: str) -> bool: return args.only in name
+  def wanted(name: str) -> bool: return args.only in name  # `name`: the row's full name
   def report(name: str, unit: str, work: float, ours: float, theirs: float, ceiling: float) -> None:
     rate = lambda s: work / s / (1e9 if unit == "GB/s" else 1e12)  # noqa: E731
-    print(f"{name:26s} {rate(ours):8.1f} {unit:4s}{rate(theirs):8.1f} {unit:4s} {rate(ours) / ceiling * 100:12.1f}% {theirs / ours:20.2f}x")
+    print(f"{name:26s} {rate(ours):8.1f} {unit:4s}{rate(theirs):8.1f} {unit:4s} {rate(ours) / ceiling * 100:12.1f}% {theirs / ours:20.2f}x"
+          f"   first realize {first_realize_s[-1]:6.2f} s")
 
   a, b, c = (Tensor(rng.standard_normal(n, dtype=np.float32)).realize() for _ in range(3))
   ta, tb, tc = (torch.randn(n, device="cuda") for _ in range(3))
-  if wanted("a*b+c"): report(f"a*b+c {n >> 20}M f32", "GB/s", 16 * n, tinyc_kernel_seconds(lambda: a * b + c, args.repeats),
-         torch_seconds(lambda: ta * tb + tc, args.repeats), COPY_CEILING_GBS)
-  if wanted("sum"): report(f"sum {n >> 20}M f32", "GB/s", 4 * n, tinyc_kernel_seconds(lambda: a.sum(), args.repeats),
-                           torch_seconds(lambda: ta.sum(), args.repeats),
-         COPY_CEILING_GBS)
+  row = f"a*b+c {n >> 20}M f32"
+  if wanted(row):
+    report(row, "GB/s", 16 * n, tinyc_kernel_seconds(lambda: a * b + c, args.repeats), torch_seconds(lambda: ta * tb + tc, args.repeats),
+           COPY_CEILING_GBS)
+  row = f"sum {n >> 20}M f32"
+  if wanted(row):
+    report(row, "GB/s", 4 * n, tinyc_kernel_seconds(lambda: a.sum(), args.repeats), torch_seconds(lambda: ta.sum(), args.repeats), COPY_CEILING_GBS)
   x, tx = Tensor(rng.standard_normal((side, side), dtype=np.float32)).realize(), torch.randn(side, side, device="cuda")
-  if wanted("softmax"): report(f"softmax ({side}, {side})", "GB/s", 8 * side * side, tinyc_kernel_seconds(lambda: x.softmax(-1), args.repeats),
-         torch_seconds(lambda: tx.softmax(-1), args.repeats), COPY_CEILING_GBS)
+  row = f"softmax ({side}, {side})"
+  if wanted(row):
+    report(row, "GB/s", 8 * side * side, tinyc_kernel_seconds(lambda: x.softmax(-1), args.repeats),
+           torch_seconds(lambda: tx.softmax(-1), args.repeats), COPY_CEILING_GBS)
   torch.backends.cuda.matmul.allow_tf32 = False
-  for dtype, torch_dtype in ((dtypes.float32, torch.float32), (dtypes.float16, torch.float16)) if wanted("matmul") else ():
+  for dtype, torch_dtype in ((dtypes.float32, torch.float32), (dtypes.float16, torch.float16)):
+    if not wanted(f"matmul {mm} {dtype.name}"): continue
     m1 = Tensor(rng.standard_normal((mm, mm), dtype=np.float32)).cast(dtype).realize()
     m2 = Tensor(rng.standard_normal((mm, mm), dtype=np.float32)).cast(dtype).realize()
     t1, t2 = torch.randn(mm, mm, device="cuda", dtype=torch_dtype), torch.randn(mm, mm, device="cuda", dtype=torch_dtype)
@@ -91,10 +101,11 @@ def main() -> None:
   weights = Tensor(rng.standard_normal((channels, channels, 3, 3), dtype=np.float32)).realize()
   timages, tweights = torch.randn(batch, channels, image, image, device="cuda"), torch.randn(channels, channels, 3, 3, device="cuda")
   conv_flops = 2 * batch * channels * channels * image * image * 9
-  ours = tinyc_kernel_seconds(lambda: images.conv2d(weights, padding=1), max(3, args.repeats // 3)) if wanted("conv2d") else 0.0
-  for tf32 in (True, False) if wanted("conv2d") else ():  # PyTorch's default lets cuDNN use TF32 tensor cores for convolutions
+  conv_name = f"conv2d {batch}x{channels}x{image}² 3x3"
+  ours = tinyc_kernel_seconds(lambda: images.conv2d(weights, padding=1), max(3, args.repeats // 3)) if wanted(conv_name) else 0.0
+  for tf32 in (True, False) if wanted(conv_name) else ():  # PyTorch's default lets cuDNN use TF32 tensor cores for convolutions
     torch.backends.cudnn.allow_tf32 = tf32
-    report(f"conv2d {batch}x{channels}x{image}² 3x3{' (torch TF32)' if tf32 else ''}", "TFLOP/s", conv_flops, ours,
+    report(f"{conv_name}{' (torch TF32)' if tf32 else ''}", "TFLOP/s", conv_flops, ours,
            torch_seconds(lambda: torch.nn.functional.conv2d(timages, tweights, padding=1), args.repeats), FP32_CEILING_TFLOPS)
 
   if args.only: return

@@ -46,9 +46,12 @@ class KernelTarget:
   max_local_size: int = 1024         # threads in one work-group
   local_memory_bytes: int = 48 * 1024
   max_local_dim_sizes: tuple[int, ...] = (1024, 1024, 64)  # threads along each launch dimension (x, y, z)
+  max_upcast: int = 64               # see MAX_UPCAST
 
 CPU_TARGET = KernelTarget()
-MAX_UPCAST = 64  # lanes of straight-line code per loop trip: beyond this, code size and register spills cost more than reuse saves
+# lanes of straight-line code per loop trip: beyond this, code size and register spills cost more than reuse saves. A CPU has 32
+# vector registers; a GPU thread up to 255 scalar ones, so larger register tiles can pay there (GPU_MAX_UPCAST; BEAM decides).
+MAX_UPCAST, GPU_MAX_UPCAST = 64, 256
 
 class Kernel:
   def __init__(self, ast: LazyOp, target: KernelTarget = CPU_TARGET) -> None:
@@ -199,7 +202,8 @@ class Kernel:
     self.full_shape = tuple(padded if i == axis else s for i, s in enumerate(self.full_shape))
 
   def _check_limits(self, opt: Opt) -> None:
-    _check(self.upcast_size <= MAX_UPCAST, opt, f"{self.upcast_size} upcast lanes is over the limit of {MAX_UPCAST}; use a smaller amount")
+    _check(self.upcast_size <= self.target.max_upcast, opt,
+           f"{self.upcast_size} upcast lanes is over the limit of {self.target.max_upcast}; use a smaller amount")
     _check(self.local_size <= self.target.max_local_size, opt,
            f"{self.local_size} threads per work-group is over this device's {self.target.max_local_size}; use a smaller amount")
     thread_axes = self.full_shape[self.global_dims:self.first_reduce_loop]  # the last is launch dimension 0
