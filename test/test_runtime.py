@@ -101,3 +101,13 @@ def test_asking_for_a_missing_backend_says_how_to_fix_it(monkeypatch):
   if Device.usable("CUDA"): pytest.skip("this machine has CUDA")
   with pytest.raises(RuntimeError, match="CUDA") as error: Device["CUDA"]
   assert "pip install" in str(error.value) or "driver" in str(error.value) or "GPU" in str(error.value)
+
+def test_cuda_kernels_still_run_after_torch_used_the_gpu():
+  # found by bench_train on the H200: torch made the runtime's primary context current, and the next tinyc kernel failed with
+  # "invalid resource handle" because it lived in a context of its own
+  torch = pytest.importorskip("torch")
+  if Device.DEFAULT != "CUDA" or not torch.cuda.is_available(): pytest.skip("needs CUDA=1 and a CUDA build of torch")
+  x = Tensor(np.arange(10, dtype=np.float32))
+  np.testing.assert_allclose((x * 2).numpy(), np.arange(10) * 2)
+  assert float((torch.arange(10, device="cuda") * 3).sum().item()) == 135
+  np.testing.assert_allclose((x + 5).numpy(), np.arange(10) + 5)

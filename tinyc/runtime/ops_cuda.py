@@ -90,7 +90,10 @@ def open_device() -> Compiled:
     raise RuntimeError(f"CUDA=1 but the CUDA driver is not usable ({error}): check the NVIDIA driver, or use LLVM=1") from error
   if count == 0: raise RuntimeError("CUDA=1 but no CUDA GPU is visible: check CUDA_VISIBLE_DEVICES, or use LLVM=1")
   device = cuda.Device(getenv("CUDA_DEVICE", 0))
-  context = device.make_context()
+  # the device's primary context, the one the CUDA runtime (and so PyTorch) uses: a context of our own would be swapped out
+  # whenever torch runs on the GPU in the same process, and our kernels would then fail with "invalid resource handle"
+  context = device.retain_primary_context()
+  context.push()
   atexit.register(context.pop)
   if DEBUG >= 1: print(f"CUDA device: {device.name()} (sm_{''.join(map(str, device.compute_capability()))})")
   compiler = CUDACompiler(device)
