@@ -16,8 +16,12 @@ try:
 except ImportError:  # the table then shows '-' for torch
   torch = None
 
-def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+first_call_s: list[float] = []  # tinyc's warm-up call of each row: compiles, and with BEAM=n the search
+
+def median_seconds(fn: Callable[[], object], repeats: int, tinyc: bool = True) -> float:
+  started = time.perf_counter()
   fn()  # warm-up: compiles, fills allocator caches
+  if tinyc: first_call_s.append(time.perf_counter() - started)
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
@@ -28,7 +32,8 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> float:
 def row(name: str, unit: str, work: float, ours: float, numpy_s: float | None, torch_s: float | None) -> str:
   rate = lambda seconds: f"{work / seconds / 1e9:9.2f}" if seconds else "        -"  # noqa: E731
   ratio = lambda seconds: f"{seconds / ours:6.2f}x" if seconds else "      -"  # noqa: E731
-  return f"{name:28s} {rate(ours)} {rate(numpy_s)} {rate(torch_s)} {unit:7s}  {ratio(numpy_s)}  {ratio(torch_s)}"
+  first = first_call_s[-1]
+  return f"{name:28s} {rate(ours)} {rate(numpy_s)} {rate(torch_s)} {unit:7s}  {ratio(numpy_s)}  {ratio(torch_s)}   first call {first:6.2f} s"
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -47,9 +52,11 @@ def main() -> None:
   pa, pb, pc = (torch.from_numpy(x) for x in (a, b, c)) if torch else (None, None, None)
   bytes_fma = 4 * n * 4  # three reads and one write
   print(row(f"a*b+c  {n >> 20}M f32", "GB/s", bytes_fma, median_seconds(lambda: (ta * tb + tc).realize(), args.repeats),
-            median_seconds(lambda: a * b + c, args.repeats), median_seconds(lambda: pa * pb + pc, args.repeats) if torch else None))
+            median_seconds(lambda: a * b + c, args.repeats, tinyc=False),
+            median_seconds(lambda: pa * pb + pc, args.repeats, tinyc=False) if torch else None))
   print(row(f"sum    {n >> 20}M f32", "GB/s", 4 * n, median_seconds(lambda: ta.sum().realize(), args.repeats),
-            median_seconds(lambda: a.sum(), args.repeats), median_seconds(lambda: pa.sum(), args.repeats) if torch else None))
+            median_seconds(lambda: a.sum(), args.repeats, tinyc=False),
+            median_seconds(lambda: pa.sum(), args.repeats, tinyc=False) if torch else None))
 
   x = rng.standard_normal(softmax_shape, dtype=np.float32)
   tx, px = Tensor(x).realize(), torch.from_numpy(x) if torch else None
@@ -57,7 +64,8 @@ def main() -> None:
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
   print(row(f"softmax {softmax_shape}", "GB/s", 2 * x.nbytes, median_seconds(lambda: tx.softmax(-1).realize(), args.repeats),
-            median_seconds(numpy_softmax, args.repeats), median_seconds(lambda: px.softmax(-1), args.repeats) if torch else None))
+            median_seconds(numpy_softmax, args.repeats, tinyc=False),
+            median_seconds(lambda: px.softmax(-1), args.repeats, tinyc=False) if torch else None))
 
   for size in matmul_sizes:
     m1, m2 = rng.standard_normal((size, size), dtype=np.float32), rng.standard_normal((size, size), dtype=np.float32)
@@ -65,7 +73,7 @@ def main() -> None:
     p1, p2 = (torch.from_numpy(m1), torch.from_numpy(m2)) if torch else (None, None)
     repeats = 3 if size >= 1024 else args.repeats
     print(row(f"matmul {size} f32", "GFLOP/s", 2 * size ** 3, median_seconds(lambda: (t1 @ t2).realize(), repeats),
-              median_seconds(lambda: m1 @ m2, repeats), median_seconds(lambda: p1 @ p2, repeats) if torch else None))
+              median_seconds(lambda: m1 @ m2, repeats, tinyc=False), median_seconds(lambda: p1 @ p2, repeats, tinyc=False) if torch else None))
 
   small = Tensor(rng.standard_normal((4, 4), dtype=np.float32)).realize()
   warm = median_seconds(lambda: ((small + 1) * 2).realize(), 201)

@@ -228,30 +228,43 @@ class Linearizer:
     return self.group_reduce(reduceop, partials, group_idxs) if group_idxs else partials
 
   def group_reduce(self, reduceop: LazyOp, partials: list[UOp], group_idxs: list[Node]) -> list[UOp]:
-    """Finish a reduce split across the work-group: every thread writes its partial results to local memory, and after the
-    barrier the threads with group id 0 reduce their group's partials. The rest of the kernel runs only in those threads."""
-    kernel, lanes = self.kernel, len(partials)
+    """Finish a reduce split across the work-group: every thread writes its partial results to local memory; then a tree (for a
+    power-of-two group: half the threads add the other half's partials, barrier, and again) or, for other sizes, the threads
+    with group id 0 alone reduce their group's partials. The rest of the kernel runs only in the threads with group id 0."""
+    kernel, lanes, op = self.kernel, len(partials), cast(ReduceOps, reduceop.op)
     local_axes = range(kernel.global_dims, kernel.first_reduce)
-    group_sizes = kernel.full_shape[kernel.first_reduce:kernel.first_reduce_loop]
+    local_sizes, group_sizes = [kernel.full_shape[axis] for axis in local_axes], list(kernel.full_shape[kernel.first_reduce:kernel.first_reduce_loop])
     local_idxs: list[Node] = [Variable(f"lidx{axis}", 0, kernel.full_shape[axis] - 1) for axis in local_axes]
-    thread_slot = _flat_index(local_idxs + group_idxs, [kernel.full_shape[axis] for axis in local_axes] + list(group_sizes))
+    group_count, member = prod(group_sizes), _flat_index(group_idxs, group_sizes)
+    first_slot = _flat_index(local_idxs, local_sizes) * group_count  # this thread's group starts here
     memory = self.uop(UOps.DEFINE_LOCAL, reduceop.dtype, (), ("partials", kernel.local_size * lanes), pure=False)
-    for lane, partial in enumerate(partials):
-      self.uop(UOps.STORE, None, (memory, self.index(thread_slot * lanes + lane), partial), pure=False)
+    def slot(index: Node, lane: int) -> UOp: return self.index(index * lanes + lane)
+    def read(index: Node, lane: int) -> UOp:  # not pure: a value read before a barrier is stale after it
+      return self.uop(UOps.LOAD, reduceop.dtype, (memory, slot(index, lane)), pure=False)
+    for lane, partial in enumerate(partials): self.uop(UOps.STORE, None, (memory, slot(first_slot + member, lane), partial), pure=False)
     self.uop(UOps.BARRIER, None, (), None, pure=False)
-    first_of_group = self.index(Node.sum(group_idxs) < 1)
-    self.open_ifs.append(self.uop(UOps.IF, None, (first_of_group,), None, pure=False))
-    self._scopes.append([])
+    tree = group_count & (group_count - 1) == 0
+    half = group_count // 2 if tree else 0
+    while half >= 1:  # a few steps of log2(group) instead of one thread walking all partials
+      step = self.open_if(member < half)
+      for lane in range(lanes):
+        added = self.alu(REDUCE_TO_ALU[op], reduceop.dtype, read(first_slot + member, lane), read(first_slot + member + half, lane))
+        self.uop(UOps.STORE, None, (memory, slot(first_slot + member, lane), added), pure=False)
+      self.end(step)
+      self.uop(UOps.BARRIER, None, (), None, pure=False)
+      half //= 2
+    self.open_ifs.append(self.open_if(member < 1))
+    if tree: return [read(first_slot, lane) for lane in range(lanes)]
     accs = self.define_accs(reduceop, lanes)
-    group_count = prod(group_sizes)
-    member = self.loop("group_member", group_count, None)
-    member_idx = Variable("group_member", 0, group_count - 1)
-    first_slot = _flat_index(local_idxs, [kernel.full_shape[axis] for axis in local_axes]) * group_count + member_idx
-    for lane, acc in enumerate(accs):
-      value = self.uop(UOps.LOAD, reduceop.dtype, (memory, self.index(first_slot * lanes + lane)))
-      self.accumulate(cast(ReduceOps, reduceop.op), acc, value)
-    self.end(member)
+    loop = self.loop("group_member", group_count, None)
+    for lane, acc in enumerate(accs): self.accumulate(op, acc, read(first_slot + Variable("group_member", 0, group_count - 1), lane))
+    self.end(loop)
     return [self.uop(UOps.LOAD, reduceop.dtype, (acc,), pure=False) for acc in accs]
+
+  def open_if(self, condition: Node) -> UOp:
+    block = self.uop(UOps.IF, None, (self.index(condition),), None, pure=False)
+    self._scopes.append([])
+    return block
 
   def define_accs(self, reduceop: LazyOp, count: int) -> list[UOp]:
     start = cast_python_value({ReduceOps.SUM: 0, ReduceOps.MAX: dtypes.min(reduceop.dtype)}[cast(ReduceOps, reduceop.op)], reduceop.dtype)
