@@ -18,7 +18,7 @@ from tinyc.codegen.linearizer import Linearizer
 from tinyc.codegen.search import ast_text, beam_search, cache_get, cache_key, cache_put
 from tinyc.device import Buffer, Compiled, Program, count_flops, cpu_launch_sizes, launch_sizes
 
-TIMING_GROUPS = 2048  # a GPU candidate is timed on at most this many work-groups (several waves on an H200), the time scaled up
+TIMING_GROUPS = 2048  # a compute-bound GPU candidate is timed on at most this many work-groups (several waves on an H200), the time scaled up
 
 Built = tuple[str, str, bytes, Any, Any, int, int]  # name, source, binary, global size, local size, flops, bytes moved
 
@@ -75,10 +75,11 @@ def search(device: Compiled, ast: LazyOp) -> tuple[tuple[Opt, ...], bool]:
   return (best, True) if verified else (hand_coded, False)
 
 def time_program(program: Program, buffers: list[Buffer], scale_down: bool, best_s: float, runs: int = 3) -> float:
-  """The fastest of a few runs, in seconds. A GPU kernel with more than TIMING_GROUPS work-groups runs on fewer (they compute a
-  part of the output) and its time is scaled up; a candidate far slower than the best so far is not run again."""
+  """The fastest of a few runs, in seconds. A compute-bound GPU kernel with more than TIMING_GROUPS work-groups runs on fewer (they
+  compute a part of the output) and its time is scaled up; a candidate far slower than the best so far is not run again."""
   global_size, local_size, factor = program.global_size, program.local_size, 1.0
-  if scale_down and global_size is not None and local_size is not None:
+  # only compute-bound kernels: a memory-bound one on a part of its data would run from the L2 cache and mislead the search
+  if scale_down and global_size is not None and local_size is not None and program.flops > 16 * program.mem_bytes:
     groups = [g // l for g, l in zip(global_size, local_size)]
     while prod(groups) > TIMING_GROUPS:
       dim = groups.index(max(groups))
