@@ -14,7 +14,7 @@ from tinyc.ops import LazyOp, MemBuffer
 from tinyc.codegen.kernel import CPU_TARGET, Kernel, KernelTarget, Opt
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.linearizer import Linearizer
-from tinyc.codegen.uops import UOps, UOp
+from tinyc.codegen.uops import UOps, UOp, executed
 from tinyc.codegen.cpu_split import outer_split
 
 class Allocator:
@@ -165,15 +165,7 @@ class Compiled:
 
 def count_flops(uops: list[UOp]) -> int:
   """A kernel's float operations: each float ALU op counts once per iteration of its loops."""
-  flops, trips, loop_sizes = 0, 1, []
-  for uop in uops:
-    if uop.op is UOps.LOOP:
-      loop_sizes.append(uop.src[1].arg)
-      trips *= uop.src[1].arg
-    elif uop.op is UOps.END and uop.src[0].op is UOps.LOOP: trips //= loop_sizes.pop()
-    elif uop.op is UOps.SPECIAL: trips *= uop.arg[2]  # one GPU thread per index
-    elif uop.op is UOps.ALU and uop.dtype is not None and dtypes.is_float(uop.dtype): flops += trips
-  return flops
+  return executed(uops, lambda uop: uop.op is UOps.ALU and uop.dtype is not None and dtypes.is_float(uop.dtype))
 
 BACKENDS = ("CUDA", "GPU", "LLVM")
 BACKEND_MODULES = {"CUDA": "ops_cuda", "GPU": "ops_opencl", "LLVM": "ops_llvm"}

@@ -6,7 +6,7 @@ Only kernels worth it are split: a kernel with constant loop bounds compiles abo
 emitting vector code with remainder loops and runtime checks), and waking a pool thread costs more than a small kernel runs.
 """
 from __future__ import annotations
-from tinyc.codegen.uops import UOp, UOps
+from tinyc.codegen.uops import UOp, UOps, executed
 
 # Waking a pool thread for a range and joining it costs 30-90 us (measured on a 2-core KVM guest), so a thread's share should be
 # several times that. There, two threads ran a 384x384 matmul (265M ops) 1.2-1.5x faster, a 256x256 one (79M) no faster, and
@@ -15,14 +15,7 @@ CPU_WORK_PER_THREAD = 32 << 20  # ops executed (see executed_ops)
 
 def executed_ops(uops: list[UOp]) -> int:
   """The ALU ops, loads and stores a kernel executes: each counts once per iteration of the loops around it."""
-  ops, trips, loop_sizes = 0, 1, []
-  for uop in uops:
-    if uop.op is UOps.LOOP:
-      loop_sizes.append(uop.src[1].arg)
-      trips *= uop.src[1].arg
-    elif uop.op is UOps.END and uop.src[0].op is UOps.LOOP: trips //= loop_sizes.pop()
-    elif uop.op in (UOps.ALU, UOps.LOAD, UOps.STORE): ops += trips
-  return ops
+  return executed(uops, lambda uop: uop.op in (UOps.ALU, UOps.LOAD, UOps.STORE))
 
 def outer_split(uops: list[UOp]) -> tuple[int, int] | None:
   """(the trips of gidx0, the fewest of them worth a thread of their own) for a kernel worth at least two threads; None for one
