@@ -13,7 +13,7 @@ from tinyc.realize import run_schedule
 from tinyc.schedule import create_schedule
 from tinyc.codegen.cstyle import render_cuda, render_opencl
 from tinyc.codegen.heuristic import hand_coded_optimizations
-from tinyc.codegen.kernel import MAX_UPCAST, Kernel, KernelOptError, KernelTarget, Opt, OptOps
+from tinyc.codegen.kernel import Kernel, KernelOptError, KernelTarget, Opt, OptOps
 from tinyc.codegen.linearizer import Linearizer
 
 GPU = KernelTarget(has_local=True)  # the defaults: 1024 threads, 48 KB of local memory
@@ -143,8 +143,8 @@ def three_dim_add() -> Tensor: return Tensor.empty(8, 8, 8) + Tensor.empty(8, 8,
 
 # (target, the program, Opts that fit, the Opt over the limit, what the message says)
 LIMITS = {
-  "max_upcast": (KernelTarget(), matmul_64, [Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UPCAST, 1, 8)], Opt(OptOps.UNROLL, 0, 2),
-                 f"128 upcast lanes is over the limit of {MAX_UPCAST}"),
+  "max_upcast": (KernelTarget(max_upcast=64), matmul_64, [Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UPCAST, 1, 8)], Opt(OptOps.UNROLL, 0, 2),
+                 "128 upcast lanes is over the limit of 64"),
   "work_group_size": (KernelTarget(has_local=True, max_local_size=128), matmul_64, [Opt(OptOps.LOCAL, 0, 16)], Opt(OptOps.LOCAL, 1, 16),
                       "256 threads per work-group is over this device's 128"),
   "local_memory": (KernelTarget(has_local=True, local_memory_bytes=1024), row_sum, [Opt(OptOps.UPCAST, 0, 4)], Opt(OptOps.GROUP, 0, 128),
@@ -172,11 +172,12 @@ def test_a_limit_message_says_what_to_do(name):
   assert re.search(r"smaller|reduce the|fewer", str(error.value)), f"no fix-it hint in: {error.value}"
 
 def test_a_refused_opt_after_others_changes_nothing():
-  kernel = optimized(matmul_64(), [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.GROUP, 0, 8)])
+  opts = [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.GROUP, 0, 8)]
+  kernel = optimized(matmul_64(), opts, KernelTarget(has_local=True, max_upcast=64))
   before = layout(kernel)
   assert kernel.full_shape == (4, 64, 4, 8, 8, 4)
   for opt in [Opt(OptOps.UPCAST, 0, 3), Opt(OptOps.UPCAST, 7, 2), Opt(OptOps.UNROLL, 0, 1), Opt(OptOps.PADTO, 0, 16), Opt(OptOps.GROUP, 0, 1024),
-              Opt(OptOps.UPCAST, 1, 32)]:  # the last passes its own checks and is over MAX_UPCAST only once applied
+              Opt(OptOps.UPCAST, 1, 32)]:  # the last passes its own checks and is over the target's max_upcast only once applied
     with pytest.raises(KernelOptError): kernel.apply_opt(opt)
     assert layout(kernel) == before, f"{opt} was refused but changed the kernel"
 

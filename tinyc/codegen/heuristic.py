@@ -17,7 +17,7 @@ contiguous axis, for 16-byte loads and stores, and the runtime's work-group size
 from __future__ import annotations
 from tinyc.helpers import NOOPT, prod
 from tinyc.ops import MemBuffer
-from tinyc.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
+from tinyc.codegen.kernel import MAX_UPCAST, Kernel, KernelOptError, Opt, OptOps
 
 def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   """Apply the heuristic's Opts to `kernel` and return them (none with NOOPT=1)."""
@@ -36,7 +36,7 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   contiguous = [axis for axis in range(kernel.first_reduce) if strides(0)[axis] == 1 and any(strides(i)[axis] == 1 for i in inputs)]
   if _try_upcast(kernel, contiguous, (16, 8, 4, 0)) is None: return kernel.applied_opts
   vector_loaded = [i for i in inputs if kernel.sts[i].real_strides(ignore_valid=True)[-1] == 1]
-  lanes_left = kernel.target.max_upcast // kernel.upcast_size
+  lanes_left = min(MAX_UPCAST, kernel.target.max_upcast) // kernel.upcast_size
   amounts = tuple(a for a in (8, 4, 2) if a <= lanes_left)
   if _try_upcast(kernel, _broadcast_axes(kernel, vector_loaded), amounts) is None: _try_upcast(kernel, _broadcast_axes(kernel, inputs), amounts)
   return kernel.applied_opts
