@@ -301,6 +301,9 @@ def heuristic(out: Tensor, target: KernelTarget = GPU) -> tuple[Kernel, list[Opt
 def test_heuristic_tiles_a_large_matmul_on_a_gpu():
   kernel, ops = heuristic(Tensor.empty(4096, 4096) @ Tensor.empty(4096, 4096))
   assert ops.count(OptOps.UPCAST) == 2 and ops.count(OptOps.UNROLL) == 1 and ops.count(OptOps.LOCAL) == 2, ops
+  # big: 8x8 register tiles, an unroll of 4, 4x8 work-groups
+  assert kernel.upcast_size == 256 and kernel.output_lanes == 64 and kernel.local_size == 32 and kernel.global_dims == 2
+  kernel, ops = heuristic(Tensor.empty(512, 512) @ Tensor.empty(512, 512))  # smaller: 4x4 tiles, 16x16 work-groups
   assert kernel.upcast_size == 64 and kernel.output_lanes == 16 and kernel.local_size == 256 and kernel.global_dims == 2
 
 def test_heuristic_groups_a_long_row_sum_on_a_gpu():

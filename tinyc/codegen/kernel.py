@@ -46,12 +46,12 @@ class KernelTarget:
   max_local_size: int = 1024         # threads in one work-group
   local_memory_bytes: int = 48 * 1024
   max_local_dim_sizes: tuple[int, ...] = (1024, 1024, 64)  # threads along each launch dimension (x, y, z)
-  max_upcast: int = 256              # upcast lanes an Opt list may reach (the hand-coded heuristic stays within MAX_UPCAST)
+  max_upcast: int = 256              # upcast lanes an Opt list may reach (see MAX_UPCAST)
 
 CPU_TARGET = KernelTarget()
-# Upcast lanes (straight-line code per loop trip) the hand-coded heuristic uses at most: a safe size for any target. Larger tiles
-# can pay (an AVX-512 core has 32 vector registers, a GPU thread up to 255 scalar ones) but cost compile time and can spill, so
-# only BEAM, which measures, goes beyond it (to the target's max_upcast).
+# Upcast lanes (straight-line code per loop trip) the CPU heuristic uses at most: a safe size. Larger tiles can pay (an AVX-512
+# core has 32 vector registers, a GPU thread up to 255 scalar ones) but cost compile time and can spill, so only BEAM, which
+# measures, and the GPU heuristic for big matmuls (measured there) go beyond it, up to the target's max_upcast.
 MAX_UPCAST = 64
 
 class Kernel:
