@@ -14,9 +14,8 @@ from tinyc.helpers import BEAM, DEBUG, getenv, prod
 from tinyc.ops import LazyOp, MemBuffer
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.kernel import Kernel, KernelTarget, Opt
-from tinyc.codegen.linearizer import Linearizer
 from tinyc.codegen.search import ast_text, beam_search, cache_get, cache_key, cache_put
-from tinyc.device import Buffer, Compiled, Program, count_flops, cpu_launch_sizes, launch_sizes
+from tinyc.device import Buffer, Compiled, Program, lower
 
 TIMING_GROUPS = 2048  # a compute-bound GPU candidate is timed on at most this many work-groups (several waves on an H200), the time scaled up
 
@@ -27,13 +26,10 @@ def build_candidate(ast: LazyOp, opts: tuple[Opt, ...], target: KernelTarget, th
   """Runs in a BEAM worker process. Each candidate gets a name of its own: a CPU backend loads them all into one address space."""
   kernel = Kernel(ast, target)
   for opt in opts: kernel.apply_opt(opt)
-  if threads: kernel.limit_global_dims(3)
-  uops = Linearizer(kernel, threads=threads).linearize()
+  lowered = lower(kernel, threads, max_local)
   name = f"{kernel.name}_{hashlib.sha256(f'{ast_text(ast)}{opts}'.encode()).hexdigest()[:10]}"
-  source = render(name, uops)
-  sizes = launch_sizes(uops, max_local) if threads else cpu_launch_sizes(uops)
-  mem_bytes = sum(buf.st.real_size() * buf.dtype.itemsize for buf in kernel.bufs if isinstance(buf, MemBuffer))
-  return name, source, compile_binary(name, source), sizes[0], sizes[1], count_flops(uops), mem_bytes
+  source = render(name, lowered.uops)
+  return name, source, compile_binary(name, source), lowered.global_size, lowered.local_size, lowered.flops, lowered.mem_bytes
 
 _chosen: dict[tuple[str, LazyOp], tuple[Opt, ...]] = {}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib, time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 import numpy as np
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import DEBUG, GlobalCounters, colored, getenv
@@ -148,20 +148,31 @@ class Compiled:
     else:
       for opt in opts: kernel.apply_opt(opt)
     if DEBUG >= 3: print(f"opts: {kernel.applied_opts}")
-    if self.threads: kernel.limit_global_dims(3)
-    uops = Linearizer(kernel, threads=self.threads).linearize()
+    lowered = lower(kernel, self.threads, self.max_local)
     self._names[kernel.name] += 1
     name = kernel.name if self._names[kernel.name] == 1 else f"{kernel.name}n{self._names[kernel.name] - 1}"
-    source = self.render(name, uops)
+    source = self.render(name, lowered.uops)
     if DEBUG >= 4: print(source)
     started = time.perf_counter()
     run = self.compile(name, source)
     if DEBUG >= 3: print(f"compiled {name} in {(time.perf_counter() - started) * 1e3:.2f} ms")
-    flops = count_flops(uops)
-    mem_bytes = sum(buf.st.real_size() * buf.dtype.itemsize for buf in kernel.bufs if isinstance(buf, MemBuffer))
-    sizes = launch_sizes(uops, self.max_local) if self.threads else cpu_launch_sizes(uops)
-    self.programs[(ast, opts)] = program = Program(name, self.name, run, flops, mem_bytes, *sizes)
+    self.programs[(ast, opts)] = program = Program(name, self.name, run, lowered.flops, lowered.mem_bytes, lowered.global_size, lowered.local_size)
     return program
+
+class LoweredKernel(NamedTuple):
+  uops: list[UOp]
+  global_size: tuple[int, int, int] | None
+  local_size: tuple[int, int, int] | None
+  flops: int
+  mem_bytes: int
+
+def lower(kernel: Kernel, threads: bool, max_local: int) -> LoweredKernel:
+  """An optimized kernel's UOps and what its Program needs besides the code: launch sizes, FLOPs and bytes moved."""
+  if threads: kernel.limit_global_dims(3)
+  uops = Linearizer(kernel, threads=threads).linearize()
+  global_size, local_size = launch_sizes(uops, max_local) if threads else cpu_launch_sizes(uops)
+  mem_bytes = sum(buf.st.real_size() * buf.dtype.itemsize for buf in kernel.bufs if isinstance(buf, MemBuffer))
+  return LoweredKernel(uops, global_size, local_size, count_flops(uops), mem_bytes)
 
 def count_flops(uops: list[UOp]) -> int:
   """A kernel's float operations: each float ALU op counts once per iteration of its loops."""
