@@ -36,6 +36,8 @@ PROGRAMS = {
   "matvec_64x128": lambda: rand(64, 128, seed=14) @ rand(128, seed=15),
   "conv_2x3x9x9_4x3x3x3": lambda: rand(2, 3, 9, 9, seed=16).conv2d(rand(4, 3, 3, 3, seed=17), padding=1),
   "softmax_13x29": lambda: rand(13, 29, seed=18).softmax(-1),
+  "softmax_cols_29x16": lambda: rand(29, 16, seed=21).softmax(0),
+  "layernorm_7x4x32": lambda: rand(7, 4, 32, seed=22).layernorm(axis=(1, 2)),
   "padded_input_sum": lambda: rand(13, 13, seed=19).pad(((1, 2), (0, 3))).sum(1),
   "half_sum_16x32": lambda: rand(16, 32, seed=20, dtype=np.float16).sum(1),
 }

@@ -74,12 +74,39 @@ def test_reduce_read_by_two_kernels_is_materialized_once():
   np.testing.assert_allclose(first.numpy(), a.sum(1) + 1, rtol=1e-5)
   np.testing.assert_allclose(second.numpy(), a.sum(1) * 2, rtol=1e-5)
 
-def test_reduce_read_through_expand_is_materialized():
+def softmax_reference(a, axis):
+  expected = np.exp(a - a.max(axis, keepdims=True))
+  return expected / expected.sum(axis, keepdims=True)
+
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_softmax_is_one_row_kernel(axis):
   (a,), (ta,) = realized_inputs((8, 16))
-  out = ta.softmax(-1)  # max -> exp(x - max) summed -> divide: the max and the sum are each read through an expand
-  assert kernels_for(out) == 3
-  expected = np.exp(a - a.max(-1, keepdims=True))
-  np.testing.assert_allclose(out.numpy(), expected / expected.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+  out = ta.softmax(axis)  # the max and the sum are each read back through an expand, inside the kernel that divides (rule 7)
+  assert kernels_for(out) == 1
+  np.testing.assert_allclose(out.numpy(), softmax_reference(a, axis), rtol=1e-5, atol=1e-6)
+
+def test_log_softmax_and_layernorm_are_one_row_kernel_each():
+  (a,), (ta,) = realized_inputs((8, 40))
+  assert kernels_for(ta.log_softmax(-1)) == 1
+  np.testing.assert_allclose(ta.log_softmax(-1).numpy(), np.log(softmax_reference(a, -1)), rtol=1e-5, atol=1e-5)
+  out = ta.layernorm()
+  assert kernels_for(out) == 1
+  np.testing.assert_allclose(out.numpy(), (a - a.mean(-1, keepdims=True)) / np.sqrt(a.var(-1, keepdims=True) + 1e-5), rtol=1e-4, atol=1e-4)
+
+def test_row_reduces_over_different_axes_are_materialized():
+  (a,), (ta,) = realized_inputs((8, 16))
+  out = ta - ta.max(0, keepdim=True) - ta.max(1, keepdim=True)  # one row kernel has one set of reduced axes
+  assert kernels_for(out) == 2
+  np.testing.assert_allclose(out.numpy(), a - a.max(0, keepdims=True) - a.max(1, keepdims=True), rtol=1e-6)
+
+def test_reduce_read_through_an_expand_by_another_shape_is_materialized():
+  (a,), (ta,) = realized_inputs((8, 16))
+  out = (ta - ta.max(1, keepdim=True)).sum(0)  # the kernel stores (16,), not the max's input shape: a row kernel cannot hold it
+  assert kernels_for(out) == 2
+  np.testing.assert_allclose(out.numpy(), (a - a.max(1, keepdims=True)).sum(0), rtol=1e-5, atol=1e-5)
+  out = ta.T * ta.sum(1)  # (16, 8) reading the (8,) sums along a permuted expand
+  assert kernels_for(out) == 2
+  np.testing.assert_allclose(out.numpy(), a.T * a.sum(1), rtol=1e-5, atol=1e-5)
 
 def test_reduce_of_a_reduce_is_two_kernels():
   (a,), (ta,) = realized_inputs((8, 16))
@@ -124,8 +151,8 @@ def test_a_realized_value_is_not_recomputed():
 
 def test_debug_1_prints_the_kernel_count(capsys):
   (a,), (ta,) = realized_inputs((8, 8))
-  with Context(DEBUG=1): ta.softmax().realize()
-  assert "with 3 kernel(s)" in capsys.readouterr().out
+  with Context(DEBUG=1): (ta.sum(1) + 1).realize()
+  assert "with 1 kernel(s)" in capsys.readouterr().out
 
 def test_one_buffer_read_through_two_views_is_one_kernel_argument():
   # found by test_graph_fuzz (seed 35): each view got its own pointer argument, and the kernel read garbage

@@ -8,12 +8,15 @@ The rules, each held by a test that counts kernels:
      stored copy would, and it saves a write and a kernel. Inside one kernel a value is computed once (the linearizer dedups).
      Except when a reduce reads it through an expand: that would recompute it once per broadcast element, so it is stored.
   3. A reduce is computed exactly once: it is materialized if several kernels read it, if it is read through anything but a
-     plain reshape (softmax reads its max through an expand), or if its reader already has a reduce.
+     plain reshape or a row read (rule 7), or if its reader already has a reduce.
   4. A value seen through a pad is materialized first if it contains an op that does not map 0 to 0 (exp, log, 1/x, ...):
      padding pushed into the loads would otherwise compute f(0) in the padded area.
   5. Outputs, copies and contiguous() are always materialized.
   6. assign() writes in place, after every kernel of the schedule that reads the old value; a kernel that would read
      the buffer it writes through another view (w.assign(w.T + 1)) computes the new value into a temporary first.
+  7. Row kernels: a reduce read back along the axes it reduced (softmax reads its max and its sum through an expand) by a
+     kernel that stores the reduce's input shape is computed inside that kernel, before the kernel's own walk of those axes:
+     softmax, log_softmax and layernorm are one kernel that reads each row from memory once. Its reduces share their axes.
 """
 from __future__ import annotations
 import heapq, sys
@@ -80,6 +83,7 @@ class KernelBuilder:
     self.scheduler, self.root = scheduler, root
     self.inputs: list[LazyBuffer] = []
     self.reduce_shape: tuple[int, ...] | None = None
+    self.row_axes: tuple[int, ...] | None = None  # the axes the kernel's row reduces reduce
     value_src = root.srcs[0] if root.op in (LoadOps.CONTIGUOUS, LoadOps.ASSIGN) else root
     st = ShapeTracker.from_shape(root.shape)
     value = self.build(value_src.base, value_src.st if value_src is not root else st, shared=False, in_reduce=False)
@@ -103,11 +107,13 @@ class KernelBuilder:
   def build(self, base: LazyBuffer, st: ShapeTracker, shared: bool, in_reduce: bool) -> LazyOp:
     """The AST of `base`'s value seen through `st`. `shared`: a base between here and the root has several consumers."""
     scheduler = self.scheduler
+    row_reduce = False
     if base is not self.root:
       if base.realized is not None or base in scheduler.realizes: return self._load(base, st)
       if base.op is LoadOps.CONST: return LazyOp(BufferOps.CONST, (), ConstBuffer(base.arg, base.dtype, st))
       fusable_reduce = not (shared or in_reduce or self.reduce_shape is not None or not _is_plain_reshape(st))
-      if isinstance(base.op, ReduceOps) and not fusable_reduce and prod(base.srcs[0].shape): return self._realize(base, st)
+      row_reduce = isinstance(base.op, ReduceOps) and not fusable_reduce and self._is_row_reduce(base, st)
+      if isinstance(base.op, ReduceOps) and not (fusable_reduce or row_reduce) and prod(base.srcs[0].shape): return self._realize(base, st)
       if base.op in UNSAFE_PAD_OPS and _has_mask(st): return self._realize(base, st)
       if in_reduce and scheduler.consumers.get(base, 0) > 1 and _has_expand(st): return self._realize(base, st)
     elif base.op is LoadOps.CONST: return LazyOp(BufferOps.CONST, (), ConstBuffer(base.arg, base.dtype, st))
@@ -115,11 +121,20 @@ class KernelBuilder:
     if isinstance(base.op, ReduceOps) and prod(base.srcs[0].shape) == 0:  # reducing nothing gives the reduce's identity
       return LazyOp(BufferOps.CONST, (), ConstBuffer(0 if base.op is ReduceOps.SUM else dtypes.min(base.dtype), base.dtype, st))
     if isinstance(base.op, ReduceOps):
-      self.reduce_shape = base.shape
+      if not row_reduce: self.reduce_shape = base.shape
       src = base.srcs[0]
       return LazyOp(base.op, (self.build(src.base, src.st, shared, in_reduce=True),), base.arg)
     assert isinstance(base.op, ElementwiseOps), f"cannot inline {base.op} into a kernel"
     return LazyOp(base.op, tuple(self.build(src.base, src.st + st, shared, in_reduce) for src in base.srcs), base.arg)
+
+  def _is_row_reduce(self, base: LazyBuffer, st: ShapeTracker) -> bool:
+    """Whether a reduce read back along its reduced axes by a kernel that stores its input's shape is computed in that kernel
+    (rule 7): exactly an expand of its result, the same reduced axes as the kernel's other row reduces, no other reduce."""
+    in_shape = base.srcs[0].shape
+    if st.shape != in_shape or self.root.shape != in_shape or self.reduce_shape is not None or self.row_axes not in (None, base.arg): return False
+    if st.views != ShapeTracker.from_shape(base.shape).expand(in_shape).views: return False
+    self.row_axes = base.arg
+    return True
 
   def _realize(self, base: LazyBuffer, st: ShapeTracker) -> LazyOp:
     self.scheduler.realizes.add(base)

@@ -10,9 +10,10 @@ a @ b.T to 180 GFLOP/s.
 GPUs (the kernel's target has work-groups). A thread per output with a serial loop leaves most of the GPU idle when outputs
 are few, and walks memory uncoalesced when each thread reads its own row: a long reduce into fewer outputs than the GPU has
 threads is split across a work-group (GROUP: neighbouring threads read neighbouring elements), after an UNROLL of 4 so each
-thread reads 16-byte vectors. Matmul and conv reuse loads: a 4x4 register tile of broadcast axes (each load feeds 4 FMAs),
-then a 16x16 work-group tile so neighbouring threads share cache lines. Elementwise kernels get 4 lanes along their
-contiguous axis, for 16-byte loads and stores, and the runtime's work-group size.
+thread reads 16-byte vectors. So is each row of a row kernel (softmax), whose threads then share the row's store. Matmul and
+conv reuse loads: a 4x4 register tile of broadcast axes (each load feeds 4 FMAs), then a 16x16 work-group tile so
+neighbouring threads share cache lines. Elementwise kernels get 4 lanes along their contiguous axis, for 16-byte loads and
+stores, and the runtime's work-group size.
 """
 from __future__ import annotations
 from tinyc.helpers import NOOPT, prod
@@ -70,7 +71,7 @@ def _gpu_optimizations(kernel: Kernel) -> list[Opt]:
     return kernel.applied_opts
   last_reduce = kernel.shape_len - kernel.upcasted - 1
   reduce_size = prod(kernel.full_shape[kernel.first_reduce:kernel.shape_len - kernel.upcasted])
-  if outputs * 16 < GPU_THREADS and reduce_size >= 256:  # few outputs: each becomes a work-group
+  if (outputs * 16 < GPU_THREADS or kernel.row_kernel) and reduce_size >= 256:  # few outputs (or rows): each becomes a work-group
     if any(strides(i)[last_reduce] == 1 for i in inputs): _try(kernel, Opt(OptOps.UNROLL, last_reduce - kernel.first_reduce, 4))
     for amount in (256, 128, 64, 32, 16):
       if _try(kernel, Opt(OptOps.GROUP, kernel.shape_len - kernel.upcasted - 1 - kernel.first_reduce, amount)): break

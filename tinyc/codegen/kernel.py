@@ -1,7 +1,9 @@
 """Layer 3: Kernel, one AST with a ShapeTracker per buffer and the layout of its axes. Imports helpers, ops, shape/, codegen/uops.
 
 Axis layout of `full_shape`: [global | local | group | reduce | upcast]. Every buffer's tracker has the same number of dims;
-the output (and anything read after the reduce) has size 1 in the group and reduce axes.
+the output (and anything read after the reduce) has size 1 in the group and reduce axes, except in a row kernel (softmax):
+there the reduces run one after another over the reduce axes, every thread of the group gets each result, and the store
+walks the reduce axes once more.
 - global axes are loops on a CPU and work-group (block) ids on a GPU; local axes are thread ids inside a work-group.
 - group axes split a reduce across a work-group's threads: each thread reduces its share, the partial results meet in
   local memory after a barrier, and the threads with group id 0 finish the reduce and store.
@@ -59,9 +61,8 @@ class Kernel:
     assert ast.op is BufferOps.STORE, f"a kernel's AST must end in a STORE, not {ast.op}"
     self.ast, self.target = ast, target
     nodes = ast.walk()
-    reduceops = [node for node in nodes if node.op in ReduceOps]
-    assert len(reduceops) <= 1, f"a kernel has at most one reduce, this AST has {len(reduceops)}"
-    self.reduceop: LazyOp | None = reduceops[0] if reduceops else None
+    self.reduceops: list[LazyOp] = [node for node in nodes if node.op in ReduceOps]  # sources before their users
+    self.reduceop: LazyOp | None = self.reduceops[-1] if self.reduceops else None
     # buffers: the output first, then inputs and constants in the order the AST reaches them
     self.bufs: list[MemBuffer | ConstBuffer] = dedup([ast.arg] + [node.arg for node in nodes if node.op in (BufferOps.LOAD, BufferOps.CONST)])
     self.sts: list[ShapeTracker] = [buf.st for buf in self.bufs]
@@ -69,6 +70,12 @@ class Kernel:
     assert len(ndims) == 1, f"every buffer of a kernel needs the same number of dims, got shapes {[st.shape for st in self.sts]}"
     # the reduce's input has the full shape; its output (= the kernel's output) has 1 in each reduced axis
     self.full_shape: tuple[int, ...] = max((st.shape for st in self.sts), key=prod) if self.reduceop is None else self._reduce_input_shape()
+    # a row kernel stores the full shape: its reduces' results are read back along the reduced axes. A tracker of the reduces'
+    # output shape, kept after the buffers' (no buffer has it), marks the reduce axes through every reshape and permute.
+    self.row_kernel = self.reduceop is not None and any(self.full_shape[a] > 1 and self.sts[0].shape[a] > 1 for a in self.reduceop.arg)
+    if self.row_kernel:
+      assert self.reduceop is not None
+      self.sts.append(ShapeTracker.from_shape(tuple(1 if axis in self.reduceop.arg else size for axis, size in enumerate(self.full_shape))))
     self.upcasted, self.local_dims, self.group_for_reduce = 0, 0, 0
     self.dont_use_locals = False
     self.applied_opts: list[Opt] = []
@@ -90,12 +97,16 @@ class Kernel:
   @property
   def output_shape(self) -> tuple[int, ...]: return self.sts[0].shape
   @property
+  def reduced_shape(self) -> tuple[int, ...]:
+    """The reduces' output shape: 1 in the group and reduce axes (a row kernel's output has them in full)."""
+    return self.sts[-1].shape if self.row_kernel else self.sts[0].shape
+  @property
   def shape_len(self) -> int: return len(self.full_shape)
   @property
   def first_reduce(self) -> int:
     """Index of the first group or reduce axis (== shape_len - upcasted when there is none)."""
     loops = self.shape_len - self.upcasted
-    return next((axis for axis, (full, out) in enumerate(zip(self.full_shape[:loops], self.output_shape)) if full != out), loops)
+    return next((axis for axis, (full, out) in enumerate(zip(self.full_shape[:loops], self.reduced_shape)) if full != out), loops)
   @property
   def global_dims(self) -> int: return self.first_reduce - self.local_dims
   @property
@@ -107,16 +118,16 @@ class Kernel:
   @property
   def output_lanes(self) -> int:
     """Upcast lanes that are separate outputs (UPCAST, not UNROLL): one accumulator each."""
-    return prod(self.full_shape[axis] for axis in self.upcast_axes if self.full_shape[axis] == self.output_shape[axis])
+    return prod(self.full_shape[axis] for axis in self.upcast_axes if self.full_shape[axis] == self.reduced_shape[axis])
   @property
   def local_size(self) -> int:
     """Threads in a work-group: the product of the local and group axes."""
     return prod(self.full_shape[self.global_dims:self.first_reduce_loop])
   @property
   def local_memory_bytes(self) -> int:
-    """Local memory the group reduce needs: one partial result per thread and output lane."""
-    if not self.group_for_reduce or self.reduceop is None: return 0
-    return self.local_size * self.output_lanes * self.reduceop.dtype.itemsize
+    """Local memory the group reduces need: one partial result per thread and output lane, for each reduce."""
+    if not self.group_for_reduce: return 0
+    return sum(self.local_size * self.output_lanes * reduceop.dtype.itemsize for reduceop in self.reduceops)
 
   def reshape_and_permute(self, new_shape_fn: Callable[[tuple[int, ...]], list[int]] | None, order: tuple[int, ...] | None) -> None:
     """Apply the same reshape (new_shape_fn maps a tracker's shape to its new shape) and permute to every buffer."""
@@ -196,8 +207,8 @@ class Kernel:
     _check(padded - size <= size // 2, opt, f"padding {size} to {padded} wastes more than a third of the work")
     if axis >= self.first_reduce:
       assert self.reduceop is not None
-      _check(self.reduceop.op is ReduceOps.SUM and _is_zero_where_padded(self.reduceop.src[0]), opt,
-             "padding a reduce axis needs a sum whose input is 0 wherever the loads are padded")
+      _check(not self.row_kernel and self.reduceop.op is ReduceOps.SUM and _is_zero_where_padded(self.reduceop.src[0]), opt,
+             "padding a reduce axis needs a sum whose input is 0 wherever the loads are padded, and a kernel that stores no row")
     pad = lambda shape: tuple((0, padded - size if i == axis and shape[i] == size else 0) for i in range(len(shape)))  # noqa: E731
     self.sts = [st.pad(pad(st.shape)) for st in self.sts]
     self.full_shape = tuple(padded if i == axis else s for i, s in enumerate(self.full_shape))
@@ -218,8 +229,8 @@ class Kernel:
 
   # ---- the canonical layout ----
   def _move_reduce_axes_last(self) -> None:
-    kept = [axis for axis, (full, out) in enumerate(zip(self.full_shape, self.output_shape)) if full == out]
-    reduced = [axis for axis, (full, out) in enumerate(zip(self.full_shape, self.output_shape)) if full != out]
+    kept = [axis for axis, (full, out) in enumerate(zip(self.full_shape, self.reduced_shape)) if full == out]
+    reduced = [axis for axis, (full, out) in enumerate(zip(self.full_shape, self.reduced_shape)) if full != out]
     if reduced and kept + reduced != list(range(self.shape_len)): self.reshape_and_permute(None, tuple(kept + reduced))
 
   def _drop_size_one_axes(self) -> None:

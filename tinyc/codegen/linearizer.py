@@ -106,7 +106,7 @@ class Linearizer:
     src = (self.globals[buf.idx], self.index(index)) + ((valid_uop,) if valid_uop is not None else ())
     return self.uop(UOps.LOAD, buf.dtype, src)
 
-  def parse(self, node: LazyOp, lanes: list[list[Node]], reduced: list[UOp] | None) -> list[UOp]:
+  def parse(self, node: LazyOp, lanes: list[list[Node]], reduced: dict[LazyOp, list[UOp]]) -> list[UOp]:
     """The values of `node`, one per upcast lane (each lane is a list of per-axis index expressions)."""
     if node.op in (BufferOps.LOAD, BufferOps.CONST):
       vectors = self.vector_groups(node.arg, lanes) if isinstance(node.arg, MemBuffer) else []
@@ -116,8 +116,8 @@ class Linearizer:
         for lane_number, lane in enumerate(group): values[lane] = self.uop(UOps.GEP, node.arg.dtype, (vector,), lane_number)
       return [value if value is not None else self.load(node.arg, idxs) for value, idxs in zip(values, lanes)]
     if node.op in ReduceOps:
-      assert reduced is not None and len(reduced) == len(lanes), "the reduce's value is read before it was computed"
-      return reduced
+      assert node in reduced, "the reduce's value is read before it was computed"
+      return [reduced[node][acc] for acc in self.accumulator_numbers()]
     srcs = [self.parse(src, lanes, reduced) for src in node.src]
     if node.op is UnaryOps.CAST: return [self.cast(value, node.arg) for value in srcs[0]]
     if node.op is UnaryOps.BITCAST: return [self.uop(UOps.BITCAST, node.arg, (value,)) for value in srcs[0]]
@@ -127,8 +127,18 @@ class Linearizer:
     """Index lists for every combination of the upcast axes' values (axes in `fixed` hold one value instead)."""
     kernel = self.kernel
     ranges = [[fixed[axis]] if axis in fixed else list(range(kernel.full_shape[axis])) for axis in upcast_axes]
-    self.lane_sizes = [len(r) for r in ranges]  # of the lanes being parsed: vector_groups reads them
+    self.lane_sizes = [len(r) for r in ranges]  # of the lanes being parsed: vector_groups and accumulator_numbers read them
     return [loop_idxs + [NumNode(v) for v in values] for values in itertools.product(*ranges)]
+
+  def accumulator_numbers(self) -> list[int]:
+    """For each lane being parsed, its reduce accumulator: its position among the output (not unrolled) upcast axes."""
+    kernel, sizes = self.kernel, self.lane_sizes
+    output_axes = [position for position, axis in enumerate(kernel.upcast_axes) if kernel.reduced_shape[axis] == kernel.full_shape[axis]]
+    numbers = []
+    for lane in range(prod(sizes)):
+      digits = [(lane // prod(sizes[i + 1:])) % sizes[i] for i in range(len(sizes))]
+      numbers.append(sum(digits[position] * prod(sizes[p] for p in output_axes if p > position) for position in output_axes))
+    return numbers
 
   def vector_groups(self, buf: MemBuffer, lanes: list[list[Node]]) -> list[tuple[list[int], Node]]:
     """Groups of VECTOR_WIDTH lanes that read (or write) neighbouring elements of `buf` from an aligned index, with that index:
@@ -160,11 +170,18 @@ class Linearizer:
                     for idx, dtype in sorted(dtype_of_buffer.items())}
     outer_idxs, group_idxs, global_loops = self.outer_indices()
     upcast_axes = list(kernel.upcast_axes)
-    unrolled_reduce_axes = {axis: 0 for axis in upcast_axes if kernel.output_shape[axis] != kernel.full_shape[axis]}
-    reduced = self.reduce(kernel.reduceop, outer_idxs, group_idxs, upcast_axes) if kernel.reduceop is not None else None
-    # after the reduce (and in a kernel without one) the group and reduce axes read index 0: the output has size 1 there
-    output_lanes = self.lanes(outer_idxs + [NumNode(0)] * (kernel.shape_len - kernel.upcasted - kernel.first_reduce), upcast_axes,
-                              unrolled_reduce_axes)
+    reduced: dict[LazyOp, list[UOp]] = {}
+    for reduceop in kernel.reduceops:  # in a row kernel every thread of the group gets each result: the store needs them all
+      everyone = kernel.row_kernel or reduceop is not kernel.reduceop
+      reduced[reduceop] = self.reduce(reduceop, outer_idxs, group_idxs, upcast_axes, reduced, everyone)
+    if kernel.row_kernel:  # the store walks the reduce axes once more, each thread its share
+      store_loops, loop_idxs = self.reduce_loops()
+      output_lanes = self.lanes(outer_idxs + group_idxs + loop_idxs, upcast_axes, {})
+    else:  # after the reduce (and in a kernel without one) the group and reduce axes read index 0: the output has size 1 there
+      store_loops = []
+      unrolled_reduce_axes = {axis: 0 for axis in upcast_axes if kernel.reduced_shape[axis] != kernel.full_shape[axis]}
+      output_lanes = self.lanes(outer_idxs + [NumNode(0)] * (kernel.shape_len - kernel.upcasted - kernel.first_reduce), upcast_axes,
+                                unrolled_reduce_axes)
     values = self.parse(kernel.ast.src[0], output_lanes, reduced)
     output = cast(MemBuffer, kernel.bufs[0])
     stored: set[int] = set()
@@ -180,7 +197,7 @@ class Linearizer:
       if valid.min == 0:  # only PADTO's padding is not written
         gate, index = (self.index(valid),), simplify_given_valid(index, valid)
       self.uop(UOps.STORE, None, (self.globals[0], self.index(index), self.cast(value, kernel.bufs[0].dtype)) + gate, pure=False)
-    for block in reversed(global_loops + self.open_ifs): self.end(block)
+    for block in reversed(global_loops + self.open_ifs + store_loops): self.end(block)
     if DEBUG >= 5:
       for uop in self.uops: print(uop)
     return self.uops
@@ -206,38 +223,38 @@ class Linearizer:
     loops = [] if self.threads else [self.loop(f"gidx{axis}", size, axis) for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
     return idxs[:kernel.first_reduce], idxs[kernel.first_reduce:], loops
 
-  def reduce(self, reduceop: LazyOp, outer_idxs: list[Node], group_idxs: list[Node], upcast_axes: list[int]) -> list[UOp]:
-    """Accumulate the reduce's input over the reduce loops; one accumulator per output lane. Returns their final values."""
-    kernel, dtype, op = self.kernel, reduceop.dtype, cast(ReduceOps, reduceop.op)
-    unrolled = {axis for axis in upcast_axes if kernel.output_shape[axis] != kernel.full_shape[axis]}
-    accs = self.define_accs(reduceop, kernel.output_lanes)
-    reduce_axes = range(kernel.first_reduce_loop, kernel.shape_len - kernel.upcasted)
-    reduce_idxs: list[Node] = [Variable(f"ridx{axis}", 0, kernel.full_shape[axis] - 1) for axis in reduce_axes]
-    reduce_loops = [self.loop(f"ridx{axis}", kernel.full_shape[axis], axis) for axis in reduce_axes]
-    values = self.parse(reduceop.src[0], self.lanes(outer_idxs + group_idxs + reduce_idxs, upcast_axes, {}), None)
-    # lanes enumerate the upcast axes in order; the accumulator of a lane is its position among the output (non-unrolled) axes
-    sizes = [kernel.full_shape[axis] for axis in upcast_axes]
-    for lane, value in enumerate(values):
-      digits = [(lane // prod(sizes[i + 1:])) % sizes[i] for i in range(len(sizes))]
-      acc_number = 0
-      for axis, digit, size in zip(upcast_axes, digits, sizes):
-        if axis not in unrolled: acc_number = acc_number * size + digit
-      self.accumulate(op, accs[acc_number], value)
+  def reduce_loops(self) -> tuple[list[UOp], list[Node]]:
+    """Open a loop for each reduce axis (not the group or upcast ones); returns the loops and their index variables."""
+    kernel, reduce_axes = self.kernel, range(self.kernel.first_reduce_loop, self.kernel.shape_len - self.kernel.upcasted)
+    loops = [self.loop(f"ridx{axis}", kernel.full_shape[axis], axis) for axis in reduce_axes]
+    return loops, [Variable(f"ridx{axis}", 0, kernel.full_shape[axis] - 1) for axis in reduce_axes]
+
+  def reduce(self, reduceop: LazyOp, outer_idxs: list[Node], group_idxs: list[Node], upcast_axes: list[int],
+             reduced: dict[LazyOp, list[UOp]], everyone: bool) -> list[UOp]:
+    """Accumulate the reduce's input over the reduce loops; one accumulator per output lane. Returns their final values (in every
+    thread of the group with `everyone`, else only in those with group id 0)."""
+    dtype, op = reduceop.dtype, cast(ReduceOps, reduceop.op)
+    accs = self.define_accs(reduceop, self.kernel.output_lanes)
+    reduce_loops, reduce_idxs = self.reduce_loops()
+    values = self.parse(reduceop.src[0], self.lanes(outer_idxs + group_idxs + reduce_idxs, upcast_axes, {}), reduced)
+    for acc_number, value in zip(self.accumulator_numbers(), values): self.accumulate(op, accs[acc_number], value)
     for loop in reversed(reduce_loops): self.end(loop)
     partials = [self.uop(UOps.LOAD, dtype, (acc,), pure=False) for acc in accs]
-    return self.group_reduce(reduceop, partials, group_idxs) if group_idxs else partials
+    return self.group_reduce(reduceop, partials, group_idxs, everyone) if group_idxs else partials
 
-  def group_reduce(self, reduceop: LazyOp, partials: list[UOp], group_idxs: list[Node]) -> list[UOp]:
+  def group_reduce(self, reduceop: LazyOp, partials: list[UOp], group_idxs: list[Node], everyone: bool) -> list[UOp]:
     """Finish a reduce split across the work-group: every thread writes its partial results to local memory; then a tree (for a
     power-of-two group: half the threads add the other half's partials, barrier, and again) or, for other sizes, the threads
-    with group id 0 alone reduce their group's partials. The rest of the kernel runs only in the threads with group id 0."""
+    with group id 0 alone reduce their group's partials. The rest of the kernel runs only in the threads with group id 0, or,
+    with `everyone`, every thread reads the result (each walks the partials itself for other sizes)."""
     kernel, lanes, op = self.kernel, len(partials), cast(ReduceOps, reduceop.op)
     local_axes = range(kernel.global_dims, kernel.first_reduce)
     local_sizes, group_sizes = [kernel.full_shape[axis] for axis in local_axes], list(kernel.full_shape[kernel.first_reduce:kernel.first_reduce_loop])
     local_idxs: list[Node] = [Variable(f"lidx{axis}", 0, kernel.full_shape[axis] - 1) for axis in local_axes]
     group_count, member = prod(group_sizes), _flat_index(group_idxs, group_sizes)
     first_slot = _flat_index(local_idxs, local_sizes) * group_count  # this thread's group starts here
-    memory = self.uop(UOps.DEFINE_LOCAL, reduceop.dtype, (), ("partials", kernel.local_size * lanes), pure=False)
+    name = "partials" + str(sum(uop.op is UOps.DEFINE_LOCAL for uop in self.uops) or "")  # one buffer a reduce: no barrier between
+    memory = self.uop(UOps.DEFINE_LOCAL, reduceop.dtype, (), (name, kernel.local_size * lanes), pure=False)
     def slot(index: Node, lane: int) -> UOp: return self.index(index * lanes + lane)
     def read(index: Node, lane: int) -> UOp:  # not pure: a value read before a barrier is stale after it
       return self.uop(UOps.LOAD, reduceop.dtype, (memory, slot(index, lane)), pure=False)
@@ -253,7 +270,7 @@ class Linearizer:
       self.end(step)
       self.uop(UOps.BARRIER, None, (), None, pure=False)
       half //= 2
-    self.open_ifs.append(self.open_if(member < 1))
+    if not everyone: self.open_ifs.append(self.open_if(member < 1))
     if tree: return [read(first_slot, lane) for lane in range(lanes)]
     accs = self.define_accs(reduceop, lanes)
     loop = self.loop("group_member", group_count, None)
