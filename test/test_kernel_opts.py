@@ -366,3 +366,9 @@ def test_a_split_aims_at_parts_of_about_16384_elements():
   assert _reduce_split((65536, 16), (0,)) == (0, 16), "at least 16 parts"
   assert _reduce_split((1000003,), (0,)) is None, "a prime length has no parts to split into"
   assert _reduce_split((1000, 1000), (1,)) is None, "short rows are not split"
+
+def test_heuristic_gives_each_row_of_a_softmax_a_work_group():
+  kernel, ops = heuristic(Tensor.empty(8192, 8192).softmax(-1))
+  assert kernel.row_kernel and ops == [OptOps.UNROLL, OptOps.GROUP] and kernel.local_size == 512, "about 16 elements a thread"
+  kernel, ops = heuristic(Tensor.empty(65536, 512).softmax(-1))  # many rows still group: each thread reading its own row is uncoalesced
+  assert kernel.row_kernel and OptOps.GROUP in ops and kernel.local_size == 32

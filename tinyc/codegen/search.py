@@ -22,7 +22,7 @@ ACTIONS: list[Opt] = [Opt(OptOps.UPCAST, axis, amount) for amount in (0, 2, 3, 4
 ACTIONS += [Opt(OptOps.UNROLL, axis, amount) for amount in (0, 2, 4, 7, 8, 16) for axis in range(5)]
 ACTIONS += [Opt(OptOps.LOCAL, axis, amount) for amount in (2, 3, 4, 7, 8, 13, 16, 29, 32) for axis in range(6)]
 ACTIONS += [Opt(OptOps.GROUPTOP, axis, amount) for amount in (13, 16, 28, 29, 32, 49, 64, 256) for axis in range(3)]
-ACTIONS += [Opt(OptOps.GROUP, axis, amount) for amount in (0, 4, 8, 16, 32, 64, 128, 256) for axis in range(3)]
+ACTIONS += [Opt(OptOps.GROUP, axis, amount) for amount in (0, 4, 8, 16, 32, 64, 128, 256, 512) for axis in range(3)]
 ACTIONS += [Opt(OptOps.PADTO, axis, 32) for axis in range(7)] + [Opt(OptOps.NOLOCALS, 0, 0)]
 
 def expansions(kernel: Kernel) -> list[tuple[Opt, ...]]:
