@@ -359,11 +359,12 @@ def test_short_reduces_stay_one_kernel(tinyc_device):
   np.testing.assert_allclose(tx.sum().numpy(), x.astype(np.float64).sum(), rtol=1e-5)
   assert tx.max().numpy() == x.max()
 
-def test_a_split_aims_at_parts_of_about_16384_elements():
+def test_a_split_takes_up_to_4096_parts_near_the_square_root():
   from tinyc.lazy import _reduce_split
   assert _reduce_split((64 << 20,), (0,)) == (0, 4096)  # measured best on the H200
-  assert _reduce_split((1 << 20,), (0,)) == (0, 64)
-  assert _reduce_split((65536, 16), (0,)) == (0, 16), "at least 16 parts"
+  assert _reduce_split((1 << 20,), (0,)) == (0, 1024)
+  assert _reduce_split((65536, 16), (0,)) == (0, 256)
+  assert _reduce_split((128, 16, 24, 24), (0, 2, 3)) is None, "no dim is long enough to split"
   assert _reduce_split((1000003,), (0,)) is None, "a prime length has no parts to split into"
   assert _reduce_split((1000, 1000), (1,)) is None, "short rows are not split"
 

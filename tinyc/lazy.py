@@ -3,6 +3,7 @@ LazyBuffer is a *view*: a base seen through a ShapeTracker, which is why movemen
 Imports helpers, dtype, ops, shape/, device.
 """
 from __future__ import annotations
+import math
 from typing import Any
 import numpy as np
 from tinyc.dtype import DType, dtypes
@@ -102,14 +103,13 @@ class LazyBuffer:
   def stride(self, steps: tuple[int, ...]) -> LazyBuffer: return self if all(s == 1 for s in steps) else self._view(self.st.stride(steps))
 
 REDUCE_SPLIT_THRESHOLD = 32768  # elements per output from which a reduce is split in two
-SPLIT_PART = 16384  # elements each part of a split reduce aims at: measured on the H200 at 64M, 4096 parts of 16384 read at 97%
-# of copy bandwidth against 88% for 1024 parts of 65536 (fewer, longer work-groups leave a ragged last wave)
+MAX_SPLIT_PARTS = 4096  # measured on the H200 at 64M: 4096 parts of 16384 read at 97% of copy bandwidth, 1024 of 65536 at 88%
 
 def _reduce_split(shape: tuple[int, ...], axis: tuple[int, ...]) -> tuple[int, int] | None:
-  """(dim, parts) to split a long reduce into few outputs at, or None: the longest reduced dim, in the most parts that divide it
-  and leave each about SPLIT_PART elements (at least 16 parts, at most 8192)."""
+  """(dim, parts) to split a long reduce into few outputs at, or None: the longest reduced dim, in as many parts (at most
+  MAX_SPLIT_PARTS, at most the square root of its size, at least 16) as divide it."""
   per_output = prod(shape[a] for a in axis)
   if per_output < REDUCE_SPLIT_THRESHOLD or prod(shape) // per_output >= 1024: return None
   dim = max(axis, key=lambda a: shape[a])
-  parts = next((d for d in range(min(8192, max(16, shape[dim] // SPLIT_PART)), 15, -1) if shape[dim] % d == 0), None)
+  parts = next((d for d in range(min(MAX_SPLIT_PARTS, math.isqrt(shape[dim])), 15, -1) if shape[dim] % d == 0), None)
   return None if parts is None else (dim, parts)
