@@ -78,6 +78,9 @@ def _gpu_optimizations(kernel: Kernel) -> list[Opt]:
     largest = max(32, min(512, reduce_size // 16)) if kernel.row_kernel else 256
     for amount in (a for a in (512, 256, 128, 64, 32, 16) if a <= largest):
       if _try(kernel, Opt(OptOps.GROUP, kernel.shape_len - kernel.upcasted - 1 - kernel.first_reduce, amount)): break
+    # then a short loop left over is unrolled whole: its loads all go out at once (the H200 sum of 64M: 94% of copy against 91%)
+    if (last_loop := kernel.shape_len - kernel.upcasted - 1) >= kernel.first_reduce_loop and kernel.full_shape[last_loop] <= 16:
+      _try(kernel, Opt(OptOps.UNROLL, last_loop - kernel.first_reduce_loop, 0))
     return kernel.applied_opts
   # register tile: 4 lanes along two axes that an input is broadcast along, the axes where the most input data is reused first.
   # A big matmul (>= 1024 products per output, both axes >= 256) gets 8x8: measured on the H200 at 4096, 8x8 tiles with an
