@@ -6,7 +6,7 @@ Compiled cubins are cached on disk under CACHE_DIR/cuda (default ~/.cache/tinyc)
 version, and written atomically (a temporary file, then a rename), so an interrupted run never leaves a corrupt entry.
 """
 from __future__ import annotations
-import atexit, functools, hashlib, os, re, tempfile
+import atexit, functools, hashlib, os, re, struct, tempfile
 from pathlib import Path
 from typing import Any, Callable
 import numpy as np
@@ -62,13 +62,17 @@ def _load_module(name: str, cubin: bytes) -> Any:
 
 def _runner(module: Any, name: str, source: str) -> Callable[..., float | None]:
   function = module.get_function(name)
-  function.prepare("P" * _pointer_parameters(source, name))  # the prepared path launches in a few microseconds
+  pack = struct.Struct("P" * _pointer_parameters(source, name)).pack
+  # pycuda's prepared_call ends in _launch_kernel; calling it directly took a launch from 5.5 to 4.5 us on the H200 machine
+  launch = getattr(function, "_launch_kernel", None)
+  if launch is None: function.prepare("P" * _pointer_parameters(source, name))
   start, end = cuda.Event(), cuda.Event()
   def run(*buffers: Any, global_size: tuple[int, int, int], local_size: tuple[int, int, int], wait: bool = False) -> float | None:
     grid = tuple(g // l for g, l in zip(global_size, local_size))
     try:
       if wait: start.record()
-      function.prepared_call(grid, local_size, *buffers)
+      if launch is not None: launch(grid, local_size, pack(*map(int, buffers)), 0, None)
+      else: function.prepared_call(grid, local_size, *buffers)
       if not wait: return None
       end.record()
       end.synchronize()
