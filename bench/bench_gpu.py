@@ -3,9 +3,9 @@
   CUDA=1 python bench/bench_gpu.py [--quick]
 
 Bandwidth counts bytes read + written; the ceilings are the H200's (device copy 4.1 TB/s, cuBLAS fp32 49.5 TFLOP/s without
-TF32). Times are the device's own timers, medians of repeated runs. On CUDA both sides are timed alike: events around the
-kernels as the framework queues them back to back (tinyc's replayed from a capture, as TinyJit does, on the same stream as
-PyTorch's). On OpenCL tinyc's time is the sum of its kernels' profiling times.
+TF32). Times are the device's own timers, medians of repeated runs. On CUDA both sides are timed alike, by events around the
+kernels as the framework launches them (on the same stream): PyTorch's eagerly, tinyc's replayed from a capture as TinyJit
+does, in one CUDA graph. On OpenCL tinyc's time is the sum of its kernels' profiling times.
 """
 from __future__ import annotations
 import argparse, statistics, time
@@ -35,7 +35,8 @@ def tinyc_kernel_seconds(make: Callable[[], Tensor], repeats: int) -> float:
     capturing.append([])
     try: make().realize()
     finally: steps = capturing.pop()
-    return torch_seconds(lambda: [run(buffers) for run, buffers in steps], repeats)
+    graph = Device["CUDA"].graph(steps)
+    return torch_seconds(lambda: graph([]) if graph is not None else [run(buffers) for run, buffers in steps], repeats)
   times = []
   for _ in range(repeats):
     GlobalCounters.reset()

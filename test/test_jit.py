@@ -55,3 +55,19 @@ def test_non_contiguous_input_is_made_contiguous():
   def step(x): return x + 1
   base = np.arange(6, dtype=np.float32).reshape(2, 3)
   for k in range(4): np.testing.assert_allclose(step(Tensor(base + k).T).numpy(), (base + k).T + 1)
+
+def test_replay_uses_a_graph_where_the_device_has_one():
+  from tinyc import Device
+  @TinyJit
+  def step(a, b): return ((a * b).relu() + 1).sum(0) * 2
+  rng = np.random.default_rng(3)
+  kept = []  # inputs kept alive land at new addresses: each replay then records the graph again
+  for call in range(6):
+    a, b = rng.standard_normal((64, 8)).astype(np.float32), rng.standard_normal((64, 8)).astype(np.float32)
+    inputs = (Tensor(a), Tensor(b))
+    if call >= 4: kept.append(inputs)
+    np.testing.assert_allclose(step(*inputs).numpy(), ((a * b).clip(0, None) + 1).sum(0) * 2, rtol=1e-5, err_msg=f"call {call}")
+  assert (step.graph is not None) == (Device.DEFAULT == "CUDA"), "CUDA replays through a graph; other devices launch one by one"
+  GlobalCounters.reset()
+  step(*kept[0])
+  assert GlobalCounters.kernel_count == len(step.steps) >= 1

@@ -130,12 +130,14 @@ class Compiled:
   def __init__(self, name: str, allocator: Allocator, render: Callable[[str, list[UOp]], str], compile: Callable[[str, str], Callable[..., Any]],
                threads: bool = False, max_local: int = 256, target: KernelTarget = CPU_TARGET,
                compile_binary: Callable[[str, str], bytes] | None = None, load: Callable[[str, str, bytes], Callable[..., Any]] | None = None,
-               arch: str = "") -> None:
+               arch: str = "", graph: Callable[[list], Callable[[list[Buffer]], None] | None] | None = None) -> None:
     self.name, self.allocator, self.render, self.compile = name, allocator, render, compile
     self.threads, self.max_local = threads, max_local  # threads: global axes become GPU thread ids; max_local: the automatic work-group size
     self.target, self.arch = target, arch  # arch: the device and compiler, as far as they change the code (part of BEAM's cache key)
     # for BEAM: compile_binary (name, source) -> bytes runs in a worker process (picklable, needs no device); load makes it a runner
     self.compile_binary, self.load = compile_binary, load
+    # for TinyJit: graph(steps) replays captured (program, buffers) steps in one launch, called with the replay's input buffers
+    self.graph = graph
     self.programs: dict[tuple[LazyOp, tuple[Opt, ...] | None], Program] = {}
     self._names: dict[str, int] = defaultdict(int)
 

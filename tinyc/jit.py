@@ -2,14 +2,15 @@
 Imports helpers, device, realize, tensor.
 
 The first call runs normally (compiling every kernel), the second runs again while recording each launch and its
-buffers, and later calls replay the recording with the new inputs' buffers swapped in. Everything the function computes
-must be realized by the time it returns (returned tensors are realized here; optimizers realize what they update).
+buffers, and later calls replay the recording with the new inputs' buffers swapped in (on CUDA as one graph launch).
+Everything the function computes must be realized by the time it returns (returned tensors are realized here; optimizers
+realize what they update).
 """
 from __future__ import annotations
 import functools
 from typing import Any, Callable, Generic, TypeVar
 from tinyc.helpers import DEBUG
-from tinyc.device import Buffer
+from tinyc.device import Buffer, Device
 from tinyc.realize import Step, capturing
 from tinyc.tensor import Tensor
 
@@ -31,6 +32,7 @@ class TinyJit(Generic[ReturnType]):
     self.signature: tuple[Any, ...] | None = None
     self.input_slots: list[tuple[int, int, int]] = []  # (step, buffer position, input number)
     self.result: Any = None
+    self.graph: Callable[[list[Buffer]], None] | None = None  # the device's one-launch replay of the steps, where it has one
 
   def __get__(self, instance: Any, owner: Any) -> Any: return functools.partial(self.__call__, instance)  # decorating a method
 
@@ -54,6 +56,7 @@ class TinyJit(Generic[ReturnType]):
     if self.calls == 1:
       input_buffers = [t.lazydata.realized for t in inputs]
       self.steps, self.signature, self.result = steps, signature, result
+      self.graph = _device_graph(steps)
       self.input_slots = [(step, position, input_buffers.index(buf)) for step, (_, buffers) in enumerate(steps)
                           for position, buf in enumerate(buffers) if any(buf is b for b in input_buffers)]
       if DEBUG >= 1: print(f"TinyJit {self.fn.__name__}: captured {len(steps)} kernels")
@@ -62,8 +65,17 @@ class TinyJit(Generic[ReturnType]):
 
   def _replay(self, input_buffers: list[Buffer]) -> ReturnType:
     for step, position, number in self.input_slots: self.steps[step][1][position] = input_buffers[number]
-    for run, buffers in self.steps: run(buffers)
+    if self.graph is not None and DEBUG < 2: self.graph(input_buffers)  # DEBUG=2 times each kernel: launch them one by one
+    else:
+      for run, buffers in self.steps: run(buffers)
     return self.result
+
+def _device_graph(steps: list[Step]) -> Callable[[list[Buffer]], None] | None:
+  """The device's graph of these steps (CUDA), or None: the steps then replay one launch at a time."""
+  devices = {getattr(run, "device", "") for run, _ in steps}
+  if len(devices) != 1 or "" in devices: return None
+  make_graph = Device[devices.pop()].graph
+  return None if make_graph is None else make_graph(steps)
 
 def _tensors_in(value: Any) -> list[Tensor]:
   if isinstance(value, Tensor): return [value]
