@@ -79,37 +79,42 @@ def _runner(module: Any, name: str, source: str) -> Callable[..., float | None]:
   return run
 
 class CUDAGraph:
-  """TinyJit's replay as one launch of a CUDA graph: the captured kernels are recorded once per set of input addresses (a
-  replay's new inputs usually get the same ones back from the allocator's cache) and relaunched with one driver call, instead
-  of about 10 us of Python and driver work for each kernel."""
+  """TinyJit's replay as one launch of a CUDA graph, instead of about 10 us of Python and driver work for each kernel. A graph
+  bakes in buffer addresses, so one is recorded for each set of input addresses; a replay's new inputs mostly get one of a
+  few addresses back from the allocator's cache (the JIT holds the last inputs, so two alternate)."""
   def __init__(self, steps: list[tuple[Program, list[Buffer]]]) -> None:
-    self.steps, self.executable = steps, ctypes.c_void_p()
-    self.addresses: tuple[int, ...] | None = None  # of the inputs the graph was recorded with
+    self.steps = steps
+    self.executables: dict[tuple[int, ...], ctypes.c_void_p] = {}  # input addresses -> instantiated graph, oldest first
+    self.recordings = 0
     self.stream = cuda.Stream(flags=1)  # CU_STREAM_NON_BLOCKING: a capturing stream must not wait on the legacy stream
     self.flops, self.mem_bytes = sum(program.flops for program, _ in steps), sum(program.mem_bytes for program, _ in steps)
 
   def __call__(self, input_buffers: list[Buffer]) -> None:
     addresses = tuple(int(buf.opaque) for buf in input_buffers)
-    if addresses != self.addresses: self._capture()
-    self.addresses = addresses
-    _check(_driver.cuGraphLaunch(self.executable, None))  # on the legacy default stream: ordered with every other launch and copy
+    if addresses not in self.executables:
+      if len(self.executables) >= GRAPHS_KEPT: _check(_driver.cuGraphExecDestroy(self.executables.pop(next(iter(self.executables)))))
+      self.executables[addresses] = self._record()
+    _check(_driver.cuGraphLaunch(self.executables[addresses], None))  # on the legacy default stream: ordered with every launch and copy
     GlobalCounters.kernel_count += len(self.steps)
     GlobalCounters.global_ops += self.flops
     GlobalCounters.global_mem += self.mem_bytes
 
-  def _capture(self) -> None:
-    if self.executable: _check(_driver.cuGraphExecDestroy(self.executable))
-    graph = ctypes.c_void_p()
+  def _record(self) -> ctypes.c_void_p:
+    graph, executable = ctypes.c_void_p(), ctypes.c_void_p()
     _check(_driver.cuStreamBeginCapture_v2(ctypes.c_void_p(self.stream.handle), 2))  # CU_STREAM_CAPTURE_MODE_RELAXED
     try:
       for program, buffers in self.steps:
         program.run(*[buf.opaque for buf in buffers], global_size=program.global_size, local_size=program.local_size, stream=self.stream)
     finally: _check(_driver.cuStreamEndCapture(ctypes.c_void_p(self.stream.handle), ctypes.byref(graph)))
-    _check(_driver.cuGraphInstantiateWithFlags(ctypes.byref(self.executable), graph, ctypes.c_ulonglong(0)))
+    _check(_driver.cuGraphInstantiateWithFlags(ctypes.byref(executable), graph, ctypes.c_ulonglong(0)))
     _check(_driver.cuGraphDestroy(graph))
+    self.recordings += 1
+    return executable
 
   def __del__(self) -> None:
-    if self.executable: _driver.cuGraphExecDestroy(self.executable)
+    for executable in self.executables.values(): _driver.cuGraphExecDestroy(executable)
+
+GRAPHS_KEPT = 4  # recorded graphs a CUDAGraph keeps, for as many sets of input addresses
 
 _driver = ctypes.CDLL(ctypes.util.find_library("cuda") or "libcuda.so.1")  # the driver pycuda uses: graphs are not in pycuda
 
