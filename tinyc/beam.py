@@ -13,7 +13,7 @@ from tinyc.dtype import dtypes
 from tinyc.helpers import BEAM, DEBUG, getenv, prod
 from tinyc.ops import LazyOp, MemBuffer
 from tinyc.codegen.heuristic import hand_coded_optimizations
-from tinyc.codegen.kernel import Kernel, KernelTarget, Opt
+from tinyc.codegen.kernel import Kernel, KernelOptError, KernelTarget, Opt
 from tinyc.codegen.search import ast_text, beam_search, cache_get, cache_key, cache_put
 from tinyc.device import Buffer, Compiled, Program, lower
 
@@ -38,11 +38,19 @@ def beam_opts(device: Compiled, ast: LazyOp) -> tuple[Opt, ...]:
   if (device.name, ast) in _chosen: return _chosen[(device.name, ast)]
   key = cache_key(ast, f"{device.name}|{device.arch}|{getattr(device.render, '__name__', '')}")
   opts = cache_get(key)
+  if opts is not None and not _applies(ast, opts, device.target): opts = None  # written by another version of tinyc: search again
   if opts is None:
     opts, verified = search(device, ast)
     if verified: cache_put(key, opts)
   _chosen[(device.name, ast)] = opts
   return opts
+
+def _applies(ast: LazyOp, opts: tuple[Opt, ...], target: KernelTarget) -> bool:
+  kernel = Kernel(ast, target)
+  try:
+    for opt in opts: kernel.apply_opt(opt)
+  except KernelOptError: return False
+  return True
 
 def search(device: Compiled, ast: LazyOp) -> tuple[tuple[Opt, ...], bool]:
   """(the winner, whether it may be cached). A winner whose output differs from the unoptimized kernel's is not used."""
