@@ -229,3 +229,10 @@ def test_numpy_of_a_realized_reshape_view_runs_no_kernel():
   GlobalCounters.reset()
   np.testing.assert_allclose(out.numpy(), a.sum(1), rtol=1e-6)
   assert GlobalCounters.kernel_count == 0
+
+def test_a_row_reduce_and_a_plain_reduce_never_share_a_kernel():
+  # found reading the change: with the row reduce built first, a plain reduce beside it was inlined too, into one kernel
+  (x, y), (tx, ty) = realized_inputs((4, 5), (4, 5, 6))
+  out = tx.max(1, keepdim=True) + ty.sum(2)
+  assert kernels_for(out) == 2
+  np.testing.assert_allclose(out.numpy(), x.max(1, keepdims=True) + y.sum(2), rtol=1e-5, atol=1e-5)

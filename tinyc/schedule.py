@@ -111,7 +111,7 @@ class KernelBuilder:
     if base is not self.root:
       if base.realized is not None or base in scheduler.realizes: return self._load(base, st)
       if base.op is LoadOps.CONST: return LazyOp(BufferOps.CONST, (), ConstBuffer(base.arg, base.dtype, st))
-      fusable_reduce = not (shared or in_reduce or self.reduce_shape is not None or not _is_plain_reshape(st))
+      fusable_reduce = not (shared or in_reduce or self.reduce_shape is not None or self.row_axes is not None or not _is_plain_reshape(st))
       row_reduce = isinstance(base.op, ReduceOps) and not fusable_reduce and self._is_row_reduce(base, st)
       if isinstance(base.op, ReduceOps) and not (fusable_reduce or row_reduce) and prod(base.srcs[0].shape): return self._realize(base, st)
       if base.op in UNSAFE_PAD_OPS and _has_mask(st): return self._realize(base, st)
