@@ -129,7 +129,8 @@ class KernelBuilder:
 
   def _is_row_reduce(self, base: LazyBuffer, st: ShapeTracker) -> bool:
     """Whether a reduce read back along its reduced axes by a kernel that stores its input's shape is computed in that kernel
-    (rule 7): exactly an expand of its result, the same reduced axes as the kernel's other row reduces, no other reduce."""
+    (rule 7): exactly an expand of its result, the same reduced axes as the kernel's other row reduces, no other reduce. If so,
+    records its axes as the kernel's row axes."""
     in_shape = base.srcs[0].shape
     if st.shape != in_shape or self.root.shape != in_shape or self.reduce_shape is not None or self.row_axes not in (None, base.arg): return False
     if st.views != ShapeTracker.from_shape(base.shape).expand(in_shape).views: return False
