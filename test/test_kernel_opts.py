@@ -13,7 +13,7 @@ from tinyc.realize import run_schedule
 from tinyc.schedule import create_schedule
 from tinyc.codegen.cstyle import render_cuda, render_opencl
 from tinyc.codegen.heuristic import hand_coded_optimizations
-from tinyc.codegen.kernel import Kernel, KernelOptError, KernelTarget, Opt, OptOps
+from tinyc.codegen.kernel import GPU_MAX_UPCAST, Kernel, KernelOptError, KernelTarget, Opt, OptOps
 from tinyc.codegen.linearizer import Linearizer
 
 GPU = KernelTarget(has_local=True)  # the defaults: 1024 threads, 48 KB of local memory
@@ -298,11 +298,18 @@ def heuristic(out: Tensor, target: KernelTarget = GPU) -> tuple[Kernel, list[Opt
   kernel = Kernel(the_ast(out), target)
   return kernel, [opt.op for opt in hand_coded_optimizations(kernel)]
 
-def test_heuristic_tiles_a_large_matmul_on_a_gpu():
-  kernel, ops = heuristic(Tensor.empty(4096, 4096) @ Tensor.empty(4096, 4096))
+def test_heuristic_stages_a_large_matmul_on_a_gpu():
+  big = Tensor.empty(4096, 4096) @ Tensor.empty(4096, 4096)
+  kernel, _ = heuristic(big, KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST))
+  assert kernel.applied_opts == [Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.LOCAL, 0, 8), Opt(OptOps.LOCAL, 1, 16),
+                                 Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 2), Opt(OptOps.UNROLL, 0, 16), Opt(OptOps.STAGE, 1, 0),
+                                 Opt(OptOps.STAGE, 2, 0)]
+  kernel, _ = heuristic(big)  # 256 upcast lanes at most: the same with 4 reduce elements a trip
+  assert kernel.upcast_size == 256 and kernel.output_lanes == 64 and kernel.local_size == 128 and kernel.staged == (1, 2)
+  # too little local memory for the tiles: 8x8 register tiles, an unroll of 4, 4x8 work-groups, nothing staged
+  kernel, ops = heuristic(big, KernelTarget(has_local=True, local_memory_bytes=4096))
   assert ops.count(OptOps.UPCAST) == 2 and ops.count(OptOps.UNROLL) == 1 and ops.count(OptOps.LOCAL) == 2, ops
-  # big: 8x8 register tiles, an unroll of 4, 4x8 work-groups
-  assert kernel.upcast_size == 256 and kernel.output_lanes == 64 and kernel.local_size == 32 and kernel.global_dims == 2
+  assert kernel.upcast_size == 256 and kernel.output_lanes == 64 and kernel.local_size == 32 and not kernel.staged
   kernel, ops = heuristic(Tensor.empty(512, 512) @ Tensor.empty(512, 512))  # smaller: 4x4 tiles, 16x16 work-groups
   assert kernel.upcast_size == 64 and kernel.output_lanes == 16 and kernel.local_size == 256 and kernel.global_dims == 2
 

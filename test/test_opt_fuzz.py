@@ -18,6 +18,7 @@ AMOUNTS = (0, 2, 3, 4, 7, 8, 13, 16, 29, 32)
 ACTIONS = [Opt(op, axis, amount) for op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP)
            for axis in range(4) for amount in AMOUNTS]
 ACTIONS += [Opt(OptOps.PADTO, axis, amount) for axis in range(5) for amount in (4, 8, 16, 32)] + [Opt(OptOps.NOLOCALS, 0, 0)]
+ACTIONS += [Opt(OptOps.STAGE, buffer, 0) for buffer in range(1, 4)]
 
 def rand(*shape, seed, dtype=np.float32):
   rng = np.random.default_rng(seed)
@@ -42,11 +43,11 @@ PROGRAMS = {
   "half_sum_16x32": lambda: rand(16, 32, seed=20, dtype=np.float16).sum(1),
 }
 
-def random_opts(ast, target, rng: random.Random) -> list[Opt]:
-  """A random list of Opts, each legal after the ones before it."""
+def random_opts(ast, target, rng: random.Random, actions: list[Opt] = ACTIONS) -> list[Opt]:
+  """A random list of Opts from `actions`, each legal after the ones before it."""
   kernel, opts = Kernel(ast, target), []
   for _ in range(rng.randint(1, 5)):
-    for opt in rng.sample(ACTIONS, len(ACTIONS)):
+    for opt in rng.sample(actions, len(actions)):
       try: kernel.apply_opt(opt)
       except KernelOptError: continue
       opts.append(opt)

@@ -9,6 +9,9 @@ walks the reduce axes once more.
   local memory after a barrier, and the threads with group id 0 finish the reduce and store.
 - reduce axes are loops; the last `upcasted` axes are unrolled into straight-line code: an output axis there (UPCAST) gives
   each lane its own accumulator and store, a reduce axis (UNROLL) adds several elements per loop trip.
+- a staged input (STAGE) is read through local memory: each reduce loop trip the work-group's threads copy the tile of it
+  that the trip reads (its elements along the local and upcast axes) into local memory together, and every thread then reads
+  its lanes from there. Two tiles alternate, so each thread loads the next trip's tile while it computes this one.
 Every optimization is an `Opt` applied by `apply_opt`, which reshapes and permutes all trackers at once, so the layout stays
 the single source of truth and a kernel's optimization is a replayable list.
 """
@@ -30,6 +33,7 @@ class OptOps(Enum):
   GROUPTOP = auto()  # the same, each thread reading a contiguous run
   PADTO = auto()     # pad a global or reduce axis up to a multiple of `amount` (the padding is masked), so other Opts divide it
   NOLOCALS = auto()  # no LOCAL or GROUP: the runtime picks the work-group size
+  STAGE = auto()     # read input buffer number `axis` (1 is the first input) through local memory, a tile a reduce loop trip
 
 @dataclass(frozen=True)
 class Opt:
@@ -55,6 +59,8 @@ CPU_TARGET = KernelTarget()
 # core has 32 vector registers, a GPU thread up to 255 scalar ones) but cost compile time and can spill, so only BEAM, which
 # measures, and the GPU heuristic for big matmuls (measured there) go beyond it, up to the target's max_upcast.
 MAX_UPCAST = 64
+# A GPU kernel may reach more: the staged matmul's 8x8 tile with 16 reduce elements a trip is 1024 lanes (64 accumulators).
+GPU_MAX_UPCAST = 1024
 
 class Kernel:
   def __init__(self, ast: LazyOp, target: KernelTarget = CPU_TARGET) -> None:
@@ -78,6 +84,7 @@ class Kernel:
       self.sts.append(ShapeTracker.from_shape(tuple(1 if axis in self.reduceop.arg else size for axis, size in enumerate(self.full_shape))))
     self.upcasted, self.local_dims, self.group_for_reduce = 0, 0, 0
     self.dont_use_locals = False
+    self.staged: tuple[int, ...] = ()  # buffer numbers read through local memory
     self.applied_opts: list[Opt] = []
     self._move_reduce_axes_last()
     self._drop_size_one_axes()
@@ -125,9 +132,16 @@ class Kernel:
     return prod(self.full_shape[self.global_dims:self.first_reduce_loop])
   @property
   def local_memory_bytes(self) -> int:
-    """Local memory the group reduces need: one partial result per thread and output lane, for each reduce."""
-    if not self.group_for_reduce: return 0
-    return sum(self.local_size * self.output_lanes * reduceop.dtype.itemsize for reduceop in self.reduceops)
+    """Local memory the group reduces need (one partial result per thread and output lane, for each reduce) and the two tiles
+    of each staged input."""
+    partials = sum(self.local_size * self.output_lanes * reduceop.dtype.itemsize for reduceop in self.reduceops) if self.group_for_reduce else 0
+    return partials + sum(2 * prod(self.full_shape[axis] for axis in self.tile_axes(number)) * self.bufs[number].dtype.itemsize
+                          for number in self.staged)
+
+  def tile_axes(self, number: int) -> list[int]:
+    """The local and upcast axes along which buffer `number` moves (or is masked): its tile of one reduce loop trip spans them."""
+    strides = self.sts[number].real_strides()
+    return [axis for axis in [*range(self.global_dims, self.first_reduce), *self.upcast_axes] if strides[axis] != 0]
 
   def reshape_and_permute(self, new_shape_fn: Callable[[tuple[int, ...]], list[int]] | None, order: tuple[int, ...] | None) -> None:
     """Apply the same reshape (new_shape_fn maps a tracker's shape to its new shape) and permute to every buffer."""
@@ -161,12 +175,12 @@ class Kernel:
   # ---- optimizations ----
   def apply_opt(self, opt: Opt) -> None:
     """Apply one optimization, or raise KernelOptError and change nothing."""
-    saved = (self.sts, self.full_shape, self.upcasted, self.local_dims, self.group_for_reduce, self.dont_use_locals)
+    saved = (self.sts, self.full_shape, self.upcasted, self.local_dims, self.group_for_reduce, self.dont_use_locals, self.staged)
     try:
       self._apply(opt)
       self._check_limits(opt)
     except KernelOptError:
-      self.sts, self.full_shape, self.upcasted, self.local_dims, self.group_for_reduce, self.dont_use_locals = saved
+      self.sts, self.full_shape, self.upcasted, self.local_dims, self.group_for_reduce, self.dont_use_locals, self.staged = saved
       raise
     self.applied_opts.append(opt)
 
@@ -176,6 +190,7 @@ class Kernel:
       _check(not self.dont_use_locals and not self.local_dims and not self.group_for_reduce, opt, "the kernel already chose its locals")
       self.dont_use_locals = True
       return
+    if opt.op is OptOps.STAGE: return self._stage(opt)
     first_loop = self.first_reduce_loop
     loop_axes = range(first_loop, self.shape_len - self.upcasted)
     allowed = {OptOps.UPCAST: range(self.global_dims), OptOps.LOCAL: range(self.global_dims), OptOps.UNROLL: loop_axes,
@@ -213,6 +228,18 @@ class Kernel:
     self.sts = [st.pad(pad(st.shape)) for st in self.sts]
     self.full_shape = tuple(padded if i == axis else s for i, s in enumerate(self.full_shape))
 
+  def _stage(self, opt: Opt) -> None:
+    number = opt.axis
+    _check(self.target.has_local and not self.dont_use_locals, opt, "staging needs work-groups")
+    _check(opt.amount == 0, opt, "STAGE takes amount 0")
+    _check(0 < number < len(self.bufs) and isinstance(self.bufs[number], MemBuffer), opt,
+           f"buffer {number} is not an input of this kernel (its inputs are 1..{len(self.bufs) - 1}, constants excluded)")
+    _check(number not in self.staged, opt, "the buffer is staged already")
+    _check(len(self.reduceops) == 1 and not self.row_kernel, opt, "only a kernel with one reduce, storing no row, stages its inputs")
+    _check(self.bufs[number] not in _loads_outside_reduces(self.ast), opt, "the buffer is also read after the reduce")
+    _check(bool(self.tile_axes(number)), opt, "every thread reads the same element of the buffer a trip: there is nothing to share")
+    self.staged += (number,)
+
   def _check_limits(self, opt: Opt) -> None:
     _check(self.upcast_size <= self.target.max_upcast, opt,
            f"{self.upcast_size} upcast lanes is over the limit of {self.target.max_upcast}; use a smaller amount")
@@ -224,8 +251,12 @@ class Kernel:
     _check(all(size <= limit for size, limit in zip(reversed(thread_axes), limits)), opt,
            f"local axes {thread_axes} exceed the device's {limits}; use a smaller amount")
     _check(self.local_memory_bytes <= self.target.local_memory_bytes, opt,
-           f"the group reduce needs {self.local_memory_bytes} bytes of local memory, over this device's {self.target.local_memory_bytes}; "
-           "reduce the local size or the upcast")
+           f"group reduces and staged tiles need {self.local_memory_bytes} bytes of local memory, over this device's "
+           f"{self.target.local_memory_bytes}; reduce the local size, the upcast or the unroll")
+    if self.staged:
+      _check(not self.group_for_reduce, opt, "a kernel that stages an input does not GROUP")
+      _check(self.local_size > 1, opt, "staging shares loads between a work-group's threads: add a LOCAL axis first")
+      _check(self.first_reduce_loop < self.shape_len - self.upcasted, opt, "staging needs a reduce loop: unroll less of the reduce")
 
   # ---- the canonical layout ----
   def _move_reduce_axes_last(self) -> None:
@@ -283,6 +314,11 @@ def _check(condition: bool, opt: Opt, reason: str) -> None:
   if not condition: raise KernelOptError(f"{opt}: {reason}")
 
 def _describe(axes: Sequence[int]) -> str: return f"axes {list(axes)}" if len(axes) else "no axes"
+
+def _loads_outside_reduces(node: LazyOp) -> set[MemBuffer | ConstBuffer]:
+  if node.op in ReduceOps: return set()
+  if node.op is BufferOps.LOAD: return {node.arg}
+  return set().union(*[_loads_outside_reduces(src) for src in node.src])
 
 def _is_zero_where_padded(node: LazyOp) -> bool:
   """Whether `node` is 0 where every load reads padding (a padded load reads 0): only then may a sum's axis be padded."""

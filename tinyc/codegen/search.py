@@ -24,6 +24,7 @@ ACTIONS += [Opt(OptOps.LOCAL, axis, amount) for amount in (2, 3, 4, 7, 8, 13, 16
 ACTIONS += [Opt(OptOps.GROUPTOP, axis, amount) for amount in (13, 16, 28, 29, 32, 49, 64, 256) for axis in range(3)]
 ACTIONS += [Opt(OptOps.GROUP, axis, amount) for amount in (0, 4, 8, 16, 32, 64, 128, 256, 512) for axis in range(3)]
 ACTIONS += [Opt(OptOps.PADTO, axis, 32) for axis in range(7)] + [Opt(OptOps.NOLOCALS, 0, 0)]
+ACTIONS += [Opt(OptOps.STAGE, buffer, 0) for buffer in range(1, 4)]
 
 def expansions(kernel: Kernel) -> list[tuple[Opt, ...]]:
   """Every Opt list that is `kernel`'s plus one legal action (apply_opt prunes too many upcasts and locals over the limits)."""

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 import pycuda.driver as cuda
 from tinyc.helpers import DEBUG, GlobalCounters, getenv
-from tinyc.codegen.kernel import KernelTarget
+from tinyc.codegen.kernel import GPU_MAX_UPCAST, KernelTarget
 from tinyc.device import Allocator, Buffer, Compiled, CompileError, Program
 from tinyc.codegen.cstyle import render_cuda
 from tinyc.runtime.nvrtc import compile_cuda, nvrtc_version
@@ -150,7 +150,7 @@ def open_device() -> Compiled:
   if DEBUG >= 1: print(f"CUDA device: {device.name()} (sm_{''.join(map(str, device.compute_capability()))})")
   compiler = CUDACompiler(device)
   attribute = lambda name: device.get_attribute(getattr(cuda.device_attribute, name))  # noqa: E731
-  target = KernelTarget(has_local=True, max_local_size=attribute("MAX_THREADS_PER_BLOCK"),
+  target = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST, max_local_size=attribute("MAX_THREADS_PER_BLOCK"),
                         local_memory_bytes=attribute("MAX_SHARED_MEMORY_PER_BLOCK"),
                         max_local_dim_sizes=(attribute("MAX_BLOCK_DIM_X"), attribute("MAX_BLOCK_DIM_Y"), attribute("MAX_BLOCK_DIM_Z")))
   return Compiled("CUDA", CUDAAllocator(), render_cuda, compiler.compile, threads=True,

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import numpy as np
 import pyopencl as cl
 from tinyc.helpers import DEBUG, getenv
-from tinyc.codegen.kernel import KernelTarget
+from tinyc.codegen.kernel import GPU_MAX_UPCAST, KernelTarget
 from tinyc.device import Allocator, Compiled, CompileError
 from tinyc.codegen.cstyle import render_opencl
 
@@ -98,7 +98,7 @@ def open_device() -> Compiled:
   queue = cl.CommandQueue(context, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
   compiler = CLCompiler(context, queue, device)
   if DEBUG >= 1: print(f"OpenCL device: {device.name} ({device.platform.name})")
-  target = KernelTarget(has_local=True, max_local_size=device.max_work_group_size,
+  target = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST, max_local_size=device.max_work_group_size,
                         local_memory_bytes=device.local_mem_size,
                         max_local_dim_sizes=tuple(device.max_work_item_sizes[:3]))
   return Compiled("GPU", CLAllocator(context, queue), render_opencl, compiler.compile, threads=True, max_local=min(256, device.max_work_group_size),
