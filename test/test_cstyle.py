@@ -30,8 +30,9 @@ def workgroup_sum_uops() -> list[UOp]:
 
 def test_renders_shared_memory_and_barriers_in_both_dialects():
   cuda, opencl = render_cuda("wg_sum", workgroup_sum_uops()), render_opencl("wg_sum", workgroup_sum_uops())
-  assert "__shared__ float partial[16];" in cuda and "__syncthreads();" in cuda and "int lidx0 = threadIdx.x;" in cuda
-  assert "__local float partial[16];" in opencl and "barrier(CLK_LOCAL_MEM_FENCE);" in opencl and "get_local_id(0)" in opencl
+  assert "__shared__ float partial[16] __attribute__((aligned(16)));" in cuda and "__syncthreads();" in cuda and "int lidx0 = threadIdx.x;" in cuda
+  assert "__local float partial[16] __attribute__((aligned(16)));" in opencl
+  assert "barrier(CLK_LOCAL_MEM_FENCE);" in opencl and "get_local_id(0)" in opencl
 
 def test_workgroup_sum_compiles_to_ptx():
   from tinyc.runtime.nvrtc import compile_cuda, load_nvrtc

@@ -198,8 +198,8 @@ def test_local_renders_work_group_and_thread_ids():
 def test_group_renders_local_memory_and_a_barrier(op):
   cuda, opencl = sources(optimized(row_sum(), [Opt(OptOps.UPCAST, 0, 4), Opt(op, 0, 16)]))
   # 16 threads x 4 output lanes; one barrier after the partials are written, then one per halving of the tree (16 -> 1: 4)
-  assert "__shared__ float partials[64];" in cuda and cuda.count("__syncthreads();") == 5
-  assert "__local float partials[64];" in opencl and opencl.count("barrier(CLK_LOCAL_MEM_FENCE);") == 5
+  assert "__shared__ float partials[64] __attribute__((aligned(16)));" in cuda and cuda.count("__syncthreads();") == 5
+  assert "__local float partials[64] __attribute__((aligned(16)));" in opencl and opencl.count("barrier(CLK_LOCAL_MEM_FENCE);") == 5
   plain_cuda, plain_opencl = sources(optimized(row_sum(), [Opt(OptOps.UPCAST, 0, 4)]))
   assert "__shared__" not in plain_cuda and "__syncthreads" not in plain_cuda and "__local" not in plain_opencl and "barrier(" not in plain_opencl
 

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from tinyc import Tensor
 from tinyc.device import Device
-from tinyc.dtype import dtypes
 from tinyc.ops import ConstBuffer, LoadOps
 from tinyc.schedule import create_schedule
 from tinyc.realize import run_schedule
@@ -61,8 +60,9 @@ def test_a_constant_is_not_staged():
 
 def test_staged_tiles_render_local_memory_one_barrier_a_trip_and_vector_reads():
   cuda, opencl = sources(optimized(matmul_64(), TILED_64 + [Opt(S, 1, 0), Opt(S, 2, 0)]))
-  assert "__shared__ float tile1[128];" in cuda and "__shared__ float tile2[128];" in cuda
-  assert "__local float tile1[128];" in opencl and "__local float tile2[128];" in opencl
+  # 16-byte aligned, for the vector reads (a shared array of float is only 4-byte aligned: misaligned address on the H200)
+  assert "__shared__ float tile1[128] __attribute__((aligned(16)));" in cuda and "__shared__ float tile2[128] __attribute__((aligned(16)));" in cuda
+  assert "__local float tile1[128] __attribute__((aligned(16)));" in opencl and "__local float tile2[128] __attribute__((aligned(16)));" in opencl
   # the first tiles before the loop, then one barrier a trip: the next trip's tiles go to the other half
   assert cuda.count("__syncthreads();") == 2 and opencl.count("barrier(CLK_LOCAL_MEM_FENCE);") == 2
   loop = cuda[cuda.index("for (int ridx"):]
@@ -100,7 +100,7 @@ def test_staged_transposed_and_half_inputs_match_numpy(tinyc_device):
   np.testing.assert_allclose(half.astype(np.float32), a16.astype(np.float32) @ b16.astype(np.float32), rtol=2e-2, atol=2e-2)
 
 def test_staged_padded_conv_with_three_reduce_loops_matches_numpy(tinyc_device):
-  (x, tx), (w, tw) = realized(2, 4, 9, 9, seed=5), realized(8, 4, 3, 3, seed=6)
+  (_, tx), (_, tw) = realized(2, 4, 9, 9, seed=5), realized(8, 4, 3, 3, seed=6)
   out = tx.conv2d(tw, padding=1)
   kernel = Kernel(_single_kernel(out).ast, Device[Device.DEFAULT].target)
   opts = staged([Opt(U, 1, 4), Opt(L, kernel.first_reduce - 1, 9)])  # 4 output channels a thread, 9 threads along the columns
@@ -138,7 +138,8 @@ def test_random_opts_with_staged_inputs_match_unoptimized(name, tinyc_device):
         try: kernel.apply_opt(opt)
         except KernelOptError: continue
       if not kernel.staged: continue
-      np.testing.assert_allclose(run_kernel(device, item, tuple(kernel.applied_opts)), expected, rtol=1e-4, atol=1e-5, err_msg=f"{kernel.applied_opts}")
+      got = run_kernel(device, item, tuple(kernel.applied_opts))
+      np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=f"{kernel.applied_opts}")
       tried += 1
     run_schedule([item])
   assert tried > 0, "no Opt list staged an input: the test tested nothing"

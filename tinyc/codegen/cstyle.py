@@ -199,7 +199,8 @@ class CStyleRenderer:
         self.names[uop] = name
       elif uop.op is UOps.DEFINE_LOCAL:
         assert dtype is not None
-        self.emit(f"{dialect.local_prefix}{self.memory_type(dtype)} {uop.arg[0]}[{uop.arg[1]}];")
+        # 16-byte aligned for vector reads and writes: an array of float is only 4-byte aligned, and CUDA faults on a misaligned float4
+        self.emit(f"{dialect.local_prefix}{self.memory_type(dtype)} {uop.arg[0]}[{uop.arg[1]}] __attribute__((aligned(16)));")
         self.names[uop] = uop.arg[0]
       elif uop.op is UOps.BARRIER: self.emit(dialect.barrier)
       elif uop.op is UOps.LOOP:
