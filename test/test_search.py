@@ -112,3 +112,23 @@ def test_a_cached_opt_list_that_no_longer_applies_is_searched_again(tinyc_device
   assert fixed is not None and fixed != (Opt(OptOps.UPCAST, 7, 4),)
   kernel = Kernel(ast, device.target)
   for opt in fixed: kernel.apply_opt(opt)  # the new entry applies
+
+def test_the_search_grows_a_kernel_to_at_most_256_upcast_lanes_and_may_stage_inputs():
+  from tinyc.codegen.heuristic import hand_coded_optimizations
+  from tinyc.codegen.kernel import GPU_MAX_UPCAST, KernelTarget
+  a, b = Tensor.empty(1024, 1024), Tensor.empty(1024, 1024)
+  ast = next(item.ast for item in create_schedule([(a @ b).lazydata]) if item.ast.op not in LoadOps)
+  target = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST)
+  def upcast_sizes(opts):
+    kernel = Kernel(ast, target)
+    for opt in opts: kernel.apply_opt(opt)
+    return kernel.upcast_size
+  tiled = Kernel(ast, target)
+  for opt in [Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.LOCAL, 0, 4)]: tiled.apply_opt(opt)  # 256 lanes
+  grown = search.expansions(tiled)
+  assert grown and max(upcast_sizes(opts) for opts in grown) == 256, "the target allows 1024 lanes; the search stops at 256"
+  assert any(opts[-1].op is OptOps.STAGE for opts in grown)
+  staged = Kernel(ast, target)
+  hand_coded_optimizations(staged)
+  assert staged.upcast_size == 1024 and staged.staged  # the heuristic's plan is above the search's limit: it may still change it
+  assert search.expansions(staged) and all(upcast_sizes(opts) == 1024 for opts in search.expansions(staged))

@@ -26,13 +26,19 @@ ACTIONS += [Opt(OptOps.GROUP, axis, amount) for amount in (0, 4, 8, 16, 32, 64, 
 ACTIONS += [Opt(OptOps.PADTO, axis, 32) for axis in range(7)] + [Opt(OptOps.NOLOCALS, 0, 0)]
 ACTIONS += [Opt(OptOps.STAGE, buffer, 0) for buffer in range(1, 4)]
 
+# upcast lanes a search step may grow a kernel to. A GPU target allows 1024 (the heuristic's staged matmul), but every kernel
+# searched up to that many had so many slow-compiling candidates that the CNN train step's search took 96 s instead of 32.
+SEARCH_MAX_UPCAST = 256
+
 def expansions(kernel: Kernel) -> list[tuple[Opt, ...]]:
-  """Every Opt list that is `kernel`'s plus one legal action (apply_opt prunes too many upcasts and locals over the limits)."""
+  """Every Opt list that is `kernel`'s plus one legal action (apply_opt prunes too many upcasts and locals over the limits), and
+  that grows the upcast lanes to at most SEARCH_MAX_UPCAST (or keeps them)."""
   found = []
   for action in ACTIONS:
     candidate = kernel.copy()
     try: candidate.apply_opt(action)
     except KernelOptError: continue
+    if candidate.upcast_size > max(SEARCH_MAX_UPCAST, kernel.upcast_size): continue
     found.append(tuple(candidate.applied_opts))
   return found
 
