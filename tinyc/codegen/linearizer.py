@@ -5,20 +5,18 @@ Equal pure UOps are made once (common-subexpression elimination) and constant op
 A UOp made inside a loop is only reused inside that loop, so every renderer can scope variables by loop.
 """
 from __future__ import annotations
-import itertools, math
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence, cast
+import itertools
+from typing import Any, Callable, cast
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import DEBUG, prod
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, ReduceOps, TernaryOps, UnaryOps
-from tinyc.shape.shapetracker import unflatten_node
+from tinyc.shape.shapetracker import flatten_node, unflatten_node
 from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, simplify_given_valid
-from tinyc.shape.view import View, strides_for_shape
 from tinyc.codegen.kernel import Kernel
-from tinyc.codegen.uops import PYTHON_ALU, UOp, UOps, cast_python_value
+from tinyc.codegen.uops import PYTHON_ALU, VECTOR_WIDTH, UOp, UOps, cast_python_value
+from tinyc.codegen.tiles import define_tile, load_tiles, read_tile, store_tiles
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
-VECTOR_WIDTH = 4  # lanes of a GPU vector load or store: 4 x 4 bytes is the widest single memory instruction
 
 class Linearizer:
   """`threads`: the global axes become thread ids (SPECIAL, for GPUs; the last axis is dimension 0 so neighbouring threads
@@ -114,7 +112,7 @@ class Linearizer:
   def parse(self, node: LazyOp, lanes: list[list[Node]], reduced: dict[LazyOp, list[UOp]]) -> list[UOp]:
     """The values of `node`, one per upcast lane (each lane is a list of per-axis index expressions)."""
     if node.op in (BufferOps.LOAD, BufferOps.CONST):
-      if (tile := self.tiles.get(node.arg)) is not None: return self.read_tile(tile, node.arg.dtype, lanes)
+      if (tile := self.tiles.get(node.arg)) is not None: return read_tile(self, tile, node.arg.dtype, lanes)
       return self.read(node.arg, lanes, self.lane_sizes)
     if node.op in ReduceOps:
       assert node in reduced, "the reduce's value is read before it was computed"
@@ -178,7 +176,7 @@ class Linearizer:
     dtype_of_buffer = {buf.idx: buf.dtype for buf in kernel.bufs if isinstance(buf, MemBuffer)}
     self.globals = {idx: self.uop(UOps.DEFINE_GLOBAL, dtype, (), (f"data{idx}", idx == 0), pure=False)
                     for idx, dtype in sorted(dtype_of_buffer.items())}
-    self.tiles = {kernel.bufs[number]: self.define_tile(number) for number in kernel.staged}
+    self.tiles = {kernel.bufs[number]: define_tile(self, number) for number in kernel.staged}
     outer_idxs, group_idxs, global_loops = self.outer_indices()
     upcast_axes = list(kernel.upcast_axes)
     reduced: dict[LazyOp, list[UOp]] = {}
@@ -248,17 +246,17 @@ class Linearizer:
     accs = self.define_accs(reduceop, self.kernel.output_lanes)
     sizes = tuple(self.kernel.full_shape[self.kernel.first_reduce_loop:self.kernel.shape_len - self.kernel.upcasted])
     if self.tiles:  # the first trip's tiles (staged inputs), before the loops
-      self.store_tiles(self.load_tiles(outer_idxs, [NumNode(0)] * len(sizes)), NumNode(0))
+      store_tiles(self, load_tiles(self, outer_idxs, [NumNode(0)] * len(sizes)), NumNode(0))
       self.uop(UOps.BARRIER, None, (), None, pure=False)
     reduce_loops, reduce_idxs = self.reduce_loops()
     if self.tiles:  # load the next trip's tiles (the first again after the last) now, store them after this trip's work
-      trip = _flat_index(reduce_idxs, list(sizes))
+      trip = flatten_node(reduce_idxs, list(sizes))
       self.tile_parity = trip % 2
-      upcoming = self.load_tiles(outer_idxs, unflatten_node((trip + 1) % prod(sizes), sizes))
+      upcoming = load_tiles(self, outer_idxs, unflatten_node((trip + 1) % prod(sizes), sizes))
     values = self.parse(reduceop.src[0], self.lanes(outer_idxs + group_idxs + reduce_idxs, upcast_axes, {}), reduced)
     for acc_number, value in zip(self.accumulator_numbers(), values): self.accumulate(op, accs[acc_number], value)
     if self.tiles:  # into the other tile, which every thread finished reading before the last barrier
-      self.store_tiles(upcoming, (trip + 1) % 2)
+      store_tiles(self, upcoming, (trip + 1) % 2)
       self.uop(UOps.BARRIER, None, (), None, pure=False)
     for loop in reversed(reduce_loops): self.end(loop)
     partials = [self.uop(UOps.LOAD, dtype, (acc,), pure=False) for acc in accs]
@@ -273,8 +271,8 @@ class Linearizer:
     local_axes = range(kernel.global_dims, kernel.first_reduce)
     local_sizes, group_sizes = [kernel.full_shape[axis] for axis in local_axes], list(kernel.full_shape[kernel.first_reduce:kernel.first_reduce_loop])
     local_idxs: list[Node] = [Variable(f"lidx{axis}", 0, kernel.full_shape[axis] - 1) for axis in local_axes]
-    group_count, member = prod(group_sizes), _flat_index(group_idxs, group_sizes)
-    first_slot = _flat_index(local_idxs, local_sizes) * group_count  # this thread's group starts here
+    group_count, member = prod(group_sizes), flatten_node(group_idxs, group_sizes)
+    first_slot = flatten_node(local_idxs, local_sizes) * group_count  # this thread's group starts here
     name = "partials" + str(sum(uop.op is UOps.DEFINE_LOCAL for uop in self.uops) or "")  # one buffer a reduce: no barrier between
     memory = self.uop(UOps.DEFINE_LOCAL, reduceop.dtype, (), (name, kernel.local_size * lanes), pure=False)
     def slot(index: Node, lane: int) -> UOp: return self.index(index * lanes + lane)
@@ -300,74 +298,6 @@ class Linearizer:
     self.end(loop)
     return [self.uop(UOps.LOAD, reduceop.dtype, (acc,), pure=False) for acc in accs]
 
-  # ---- staged inputs: tiles in local memory ----
-  def define_tile(self, number: int) -> Tile:
-    """Local memory for two tiles of staged buffer `number`. A tile lays out the unrolled reduce axes outermost, then the other
-    axes in the buffer's own order, so each thread's lanes of one reduce element sit side by side (16-byte reads)."""
-    kernel = self.kernel
-    axes, strides = kernel.tile_axes(number), kernel.sts[number].real_strides(ignore_valid=True)
-    load_order = sorted(axes, key=lambda axis: -math.inf if strides[axis] is None else -cast(int, strides[axis]))
-    unrolled = [axis for axis in axes if kernel.reduced_shape[axis] != kernel.full_shape[axis]]
-    layout_order = unrolled + [axis for axis in load_order if axis not in unrolled]
-    layout_strides = dict(zip(layout_order, strides_for_shape(tuple(kernel.full_shape[axis] for axis in layout_order))))
-    layout = View.create(kernel.full_shape, tuple(layout_strides.get(axis, 0) for axis in range(kernel.shape_len)))
-    size, buf = prod(kernel.full_shape[axis] for axis in axes), kernel.bufs[number]
-    # 16-bit floats are floats in registers: their tiles hold those (OpenCL has no half arrays without an extension)
-    dtype = dtypes.float32 if buf.dtype in (dtypes.float16, dtypes.bfloat16) else buf.dtype
-    memory = self.uop(UOps.DEFINE_LOCAL, dtype, (), (f"tile{number}", 2 * size), pure=False)
-    return Tile(number, memory, layout, size, load_order)
-
-  def load_tiles(self, outer_idxs: list[Node], trip_idxs: list[Node]) -> list[TileShare]:
-    """This thread's share of every tile for the reduce loop trip `trip_idxs`: the work-group's threads take turns along the
-    buffer's memory order, VECTOR_WIDTH neighbours each where the tile allows; in a last partial turn only some threads load."""
-    kernel, shares = self.kernel, []
-    local_axes = range(kernel.global_dims, kernel.first_reduce)
-    thread = _flat_index([outer_idxs[axis] for axis in local_axes], [kernel.full_shape[axis] for axis in local_axes])
-    for tile in self.tiles.values():
-      inner, outer_axes = tile.load_order[-1], tile.load_order[:-1]
-      fits = kernel.full_shape[inner] % VECTOR_WIDTH == 0 and tile.size % (VECTOR_WIDTH * kernel.local_size) == 0
-      width = VECTOR_WIDTH if fits else 1
-      runs, runs_per_row = tile.size // width, kernel.full_shape[inner] // width
-      lanes, gates = [], []
-      for turn in range(-(-runs // kernel.local_size)):
-        run = thread + turn * kernel.local_size
-        coords = dict(zip(outer_axes, unflatten_node(run // runs_per_row, tuple(kernel.full_shape[axis] for axis in outer_axes))))
-        for lane in range(width):
-          coords[inner] = (run % runs_per_row) * width + lane
-          idxs = [coords.get(axis, NumNode(0)) if axis >= kernel.global_dims else outer_idxs[axis] for axis in range(kernel.first_reduce)]
-          lanes.append(idxs + trip_idxs + [coords.get(axis, NumNode(0)) for axis in kernel.upcast_axes])
-          gates.append(run < runs)
-      share = TileShare(tile, [], lanes, [len(lanes) // width, width], gates)
-      buf = kernel.bufs[tile.number]
-      share.values = self.read(buf, lanes, share.sizes) if fits else [self.load(buf, idxs, gate) for idxs, gate in zip(lanes, gates)]
-      shares.append(share)
-    return shares
-
-  def store_tiles(self, shares: list[TileShare], parity: Node) -> None:
-    for share in shares:
-      tile, dtype = share.tile, cast(DType, share.tile.memory.dtype)
-      def index_of(idxs: list[Node], tile: Tile = tile) -> tuple[Node, Node]: return tile.layout.expr_idxs(idxs) + parity * tile.size, NumNode(1)
-      stored: set[int] = set()
-      for group, start in self.vector_groups(dtype, share.lanes, share.sizes, index_of) if all(g.min == 1 for g in share.gates) else []:
-        vector = self.uop(UOps.VECTORIZE, dtype.vec(len(group)), tuple(share.values[lane] for lane in group))
-        self.uop(UOps.STORE, None, (tile.memory, self.index(start), vector), pure=False)
-        stored.update(group)
-      for lane, (idxs, value, gate) in enumerate(zip(share.lanes, share.values, share.gates)):
-        if lane in stored or gate.max == 0: continue
-        gated = () if gate.min == 1 else (self.index(gate),)
-        self.uop(UOps.STORE, None, (tile.memory, self.index(index_of(idxs)[0]), self.cast(value, dtype)) + gated, pure=False)
-
-  def read_tile(self, tile: Tile, dtype: DType, lanes: list[list[Node]]) -> list[UOp]:
-    """The lanes' values from this trip's tile."""
-    def index_of(idxs: list[Node]) -> tuple[Node, Node]: return tile.layout.expr_idxs(idxs) + self.tile_parity * tile.size, NumNode(1)
-    values: list[UOp | None] = [None] * len(lanes)
-    for group, index in self.vector_groups(dtype, lanes, self.lane_sizes, index_of):
-      vector = self.uop(UOps.LOAD, dtype.vec(len(group)), (tile.memory, self.index(index)))
-      for lane_number, lane in enumerate(group): values[lane] = self.uop(UOps.GEP, dtype, (vector,), lane_number)
-    tile_dtype = cast(DType, tile.memory.dtype)
-    return [value if value is not None else self.cast(self.uop(UOps.LOAD, tile_dtype, (tile.memory, self.index(index_of(idxs)[0]))), dtype)
-            for value, idxs in zip(values, lanes)]
-
   def open_if(self, condition: Node) -> UOp:
     block = self.uop(UOps.IF, None, (self.index(condition),), None, pure=False)
     self._scopes.append([])
@@ -381,30 +311,9 @@ class Linearizer:
     current = self.uop(UOps.LOAD, acc.dtype, (acc,), pure=False)
     self.uop(UOps.STORE, None, (acc, self.alu(REDUCE_TO_ALU[op], cast(DType, acc.dtype), current, value)), pure=False)
 
-@dataclass(frozen=True)
-class Tile:
-  """A staged input's local memory: two tiles, one for this reduce loop trip and one being filled for the next."""
-  number: int        # the buffer's number in the kernel
-  memory: UOp        # DEFINE_LOCAL of 2 * size elements
-  layout: View       # the kernel's full shape -> a position in a tile (stride 0 along the axes the tile does not span)
-  size: int
-  load_order: list[int]  # the tile's axes in the buffer's memory order, outermost first
-
-@dataclass
-class TileShare:
-  """What one thread loads of a tile: values at lanes (laid out as sizes), each only where its gate holds."""
-  tile: Tile
-  values: list[UOp]
-  lanes: list[list[Node]]
-  sizes: list[int]
-  gates: list[Node]
-
 def _is_number(node: Node, value: int) -> bool: return isinstance(node, NumNode) and node.b == value
 def _is_const(uop: UOp, value: Any) -> bool: return uop.op is UOps.CONST and uop.arg == value
 def _fold(ctx: Linearizer, op: BinaryOps, dtype: DType, values: list[UOp]) -> UOp:
   result = values[0]
   for value in values[1:]: result = ctx.alu(op, dtype, result, value)
   return result
-def _flat_index(idxs: Sequence[Node], sizes: list[int]) -> Node:
-  """Row-major position of `idxs` in an array of `sizes`."""
-  return Node.sum([idx * prod(sizes[i + 1:]) for i, idx in enumerate(idxs)])

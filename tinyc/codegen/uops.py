@@ -26,6 +26,8 @@ class UOps(Enum):
   VECTORIZE = auto()      # src: the lanes; dtype: their vector type (a LOAD or STORE of a vector moves all lanes at once)
   GEP = auto()            # src: (vector,); arg: the lane it reads
 
+VECTOR_WIDTH = 4  # lanes of a GPU vector load or store: 4 x 4 bytes is the widest single memory instruction
+
 @dataclass(frozen=True, eq=False)
 class UOp:
   """One linearized op. Identity is the object: the linearizer dedups equal pure UOps before making them."""

@@ -14,6 +14,10 @@ def index_variables(shape: tuple[int, ...]) -> tuple[Node, ...]:
   """Variables idx0, idx1, ... over `shape` (a size-1 dim gives NumNode(0))."""
   return tuple(Variable(f"idx{axis}", 0, size - 1) if size > 0 else NumNode(0) for axis, size in enumerate(shape))
 
+def flatten_node(idxs: Sequence[Node], shape: Sequence[int]) -> Node:
+  """The row-major flat index of per-dim index nodes `idxs` over `shape`."""
+  return Node.sum([idx * prod(shape[i + 1:]) for i, idx in enumerate(idxs)])
+
 def unflatten_node(flat: Node, shape: tuple[int, ...]) -> list[Node]:
   """Per-dim index nodes of the row-major flat index `flat` over `shape`."""
   return [(flat // stride if stride else NumNode(0)) % size if size > 1 else NumNode(0) for size, stride in zip(shape, strides_for_shape(shape))]

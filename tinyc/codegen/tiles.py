@@ -1,0 +1,103 @@
+"""Layer 3: staged inputs (STAGE), read through local memory. Each reduce loop trip, the work-group's threads copy the tile of
+a staged buffer that the trip reads into local memory together (VECTOR_WIDTH neighbours each where the tile allows), and
+every thread reads its lanes from there. Two tiles alternate: a thread loads the next trip's tile into registers before this
+trip's work and stores it into the other tile after, so one barrier a trip suffices. Imports dtype, helpers, ops, shape/,
+codegen/uops; the Linearizer passes itself in.
+"""
+from __future__ import annotations
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+from tinyc.dtype import DType, dtypes
+from tinyc.helpers import prod
+from tinyc.shape.shapetracker import flatten_node, unflatten_node
+from tinyc.shape.symbolic import Node, NumNode
+from tinyc.shape.view import View, strides_for_shape
+from tinyc.codegen.uops import VECTOR_WIDTH, UOp, UOps
+if TYPE_CHECKING: from tinyc.codegen.linearizer import Linearizer
+
+@dataclass(frozen=True)
+class Tile:
+  """A staged input's local memory: two tiles, one for this reduce loop trip and one being filled for the next."""
+  number: int        # the buffer's number in the kernel
+  memory: UOp        # DEFINE_LOCAL of 2 * size elements
+  layout: View       # the kernel's full shape -> a position in a tile (stride 0 along the axes the tile does not span)
+  size: int
+  load_order: list[int]  # the tile's axes in the buffer's memory order, outermost first
+
+@dataclass
+class TileShare:
+  """What one thread loads of a tile: values at lanes (laid out as sizes), each only where its gate holds."""
+  tile: Tile
+  values: list[UOp]
+  lanes: list[list[Node]]
+  sizes: list[int]
+  gates: list[Node]
+
+def define_tile(ctx: Linearizer, number: int) -> Tile:
+  """Local memory for two tiles of staged buffer `number`. A tile lays out the unrolled reduce axes outermost, then the other
+  axes in the buffer's own order, so each thread's lanes of one reduce element sit side by side (16-byte reads)."""
+  kernel = ctx.kernel
+  axes, strides = kernel.tile_axes(number), kernel.sts[number].real_strides(ignore_valid=True)
+  load_order = sorted(axes, key=lambda axis: -math.inf if strides[axis] is None else -cast(int, strides[axis]))
+  unrolled = [axis for axis in axes if kernel.reduced_shape[axis] != kernel.full_shape[axis]]
+  layout_order = unrolled + [axis for axis in load_order if axis not in unrolled]
+  layout_strides = dict(zip(layout_order, strides_for_shape(tuple(kernel.full_shape[axis] for axis in layout_order))))
+  layout = View.create(kernel.full_shape, tuple(layout_strides.get(axis, 0) for axis in range(kernel.shape_len)))
+  size, buf = prod(kernel.full_shape[axis] for axis in axes), kernel.bufs[number]
+  # 16-bit floats are floats in registers: their tiles hold those (OpenCL has no half arrays without an extension)
+  dtype = dtypes.float32 if buf.dtype in (dtypes.float16, dtypes.bfloat16) else buf.dtype
+  memory = ctx.uop(UOps.DEFINE_LOCAL, dtype, (), (f"tile{number}", 2 * size), pure=False)
+  return Tile(number, memory, layout, size, load_order)
+
+def load_tiles(ctx: Linearizer, outer_idxs: list[Node], trip_idxs: list[Node]) -> list[TileShare]:
+  """This thread's share of every tile for the reduce loop trip `trip_idxs`: the work-group's threads take turns along the
+  buffer's memory order, VECTOR_WIDTH neighbours each where the tile allows; in a last partial turn only some threads load."""
+  kernel, shares = ctx.kernel, []
+  local_axes = range(kernel.global_dims, kernel.first_reduce)
+  thread = flatten_node([outer_idxs[axis] for axis in local_axes], [kernel.full_shape[axis] for axis in local_axes])
+  for tile in ctx.tiles.values():
+    inner, outer_axes = tile.load_order[-1], tile.load_order[:-1]
+    fits = kernel.full_shape[inner] % VECTOR_WIDTH == 0 and tile.size % (VECTOR_WIDTH * kernel.local_size) == 0
+    width = VECTOR_WIDTH if fits else 1
+    runs, runs_per_row = tile.size // width, kernel.full_shape[inner] // width
+    lanes, gates = [], []
+    for turn in range(-(-runs // kernel.local_size)):
+      run = thread + turn * kernel.local_size
+      coords = dict(zip(outer_axes, unflatten_node(run // runs_per_row, tuple(kernel.full_shape[axis] for axis in outer_axes))))
+      for lane in range(width):
+        coords[inner] = (run % runs_per_row) * width + lane
+        idxs = [coords.get(axis, NumNode(0)) if axis >= kernel.global_dims else outer_idxs[axis] for axis in range(kernel.first_reduce)]
+        lanes.append(idxs + trip_idxs + [coords.get(axis, NumNode(0)) for axis in kernel.upcast_axes])
+        gates.append(run < runs)
+    share = TileShare(tile, [], lanes, [len(lanes) // width, width], gates)
+    buf = kernel.bufs[tile.number]
+    share.values = ctx.read(buf, lanes, share.sizes) if fits else [ctx.load(buf, idxs, gate) for idxs, gate in zip(lanes, gates)]
+    shares.append(share)
+  return shares
+
+def store_tiles(ctx: Linearizer, shares: list[TileShare], parity: Node) -> None:
+  for share in shares:
+    tile, dtype = share.tile, cast(DType, share.tile.memory.dtype)
+    def index_of(idxs: list[Node], tile: Tile = tile) -> tuple[Node, Node]: return tile.layout.expr_idxs(idxs) + parity * tile.size, NumNode(1)
+    stored: set[int] = set()
+    for group, start in ctx.vector_groups(dtype, share.lanes, share.sizes, index_of) if all(g.min == 1 for g in share.gates) else []:
+      vector = ctx.uop(UOps.VECTORIZE, dtype.vec(len(group)), tuple(share.values[lane] for lane in group))
+      ctx.uop(UOps.STORE, None, (tile.memory, ctx.index(start), vector), pure=False)
+      stored.update(group)
+    for lane, (idxs, value, gate) in enumerate(zip(share.lanes, share.values, share.gates)):
+      if lane in stored or gate.max == 0: continue
+      gated = () if gate.min == 1 else (ctx.index(gate),)
+      ctx.uop(UOps.STORE, None, (tile.memory, ctx.index(index_of(idxs)[0]), ctx.cast(value, dtype)) + gated, pure=False)
+
+def read_tile(ctx: Linearizer, tile: Tile, dtype: DType, lanes: list[list[Node]]) -> list[UOp]:
+  """The lanes' values from this trip's tile."""
+  def index_of(idxs: list[Node]) -> tuple[Node, Node]: return tile.layout.expr_idxs(idxs) + ctx.tile_parity * tile.size, NumNode(1)
+  values: list[UOp | None] = [None] * len(lanes)
+  for group, index in ctx.vector_groups(dtype, lanes, ctx.lane_sizes, index_of):
+    vector = ctx.uop(UOps.LOAD, dtype.vec(len(group)), (tile.memory, ctx.index(index)))
+    for lane_number, lane in enumerate(group): values[lane] = ctx.uop(UOps.GEP, dtype, (vector,), lane_number)
+  tile_dtype = cast(DType, tile.memory.dtype)
+  return [value if value is not None else ctx.cast(ctx.uop(UOps.LOAD, tile_dtype, (tile.memory, ctx.index(index_of(idxs)[0]))), dtype)
+          for value, idxs in zip(values, lanes)]
+
