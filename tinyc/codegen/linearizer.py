@@ -141,28 +141,49 @@ class Linearizer:
 
   def read(self, buf: MemBuffer | ConstBuffer, lanes: list[list[Node]], sizes: list[int]) -> list[UOp]:
     """The values of a buffer at `lanes` (laid out as `sizes`): vector loads where lanes are neighbours, else one load each."""
-    values: list[UOp | None] = [None] * len(lanes)
-    if isinstance(buf, MemBuffer):
-      for group, index in self.vector_groups(buf.dtype, lanes, sizes, self.kernel.sts[self.kernel.bufs.index(buf)].expr_idxs):
-        vector = self.uop(UOps.LOAD, buf.dtype.vec(len(group)), (self.globals[buf.idx], self.index(index)))
-        for lane_number, lane in enumerate(group): values[lane] = self.uop(UOps.GEP, buf.dtype, (vector,), lane_number)
-    return [value if value is not None else self.load(buf, idxs) for value, idxs in zip(values, lanes)]
+    if not isinstance(buf, MemBuffer): return [self.load(buf, idxs) for idxs in lanes]
+    st = self.kernel.sts[self.kernel.bufs.index(buf)]
+    vectors = self.vector_loads(self.globals[buf.idx], buf.dtype, sizes, lambda lane: st.expr_idxs(lanes[lane]))
+    return [value if value is not None else self.load(buf, idxs) for value, idxs in zip(vectors, lanes)]
 
-  def vector_groups(self, dtype: DType, lanes: list[list[Node]], sizes: list[int],
-                    index_of: Callable[[list[Node]], tuple[Node, Node]]) -> list[tuple[list[int], Node]]:
+  def vector_loads(self, memory: UOp, dtype: DType, sizes: list[int], index_of: Callable[[int], tuple[Node, Node]]) -> list[UOp | None]:
+    """Each lane's value where a 16-byte load of `memory` reads it (see vector_groups), else None."""
+    values: list[UOp | None] = [None] * prod(sizes)
+    for group, index in self.vector_groups(dtype, sizes, index_of):
+      vector = self.uop(UOps.LOAD, dtype.vec(len(group)), (memory, self.index(index)))
+      for lane_number, lane in enumerate(group): values[lane] = self.uop(UOps.GEP, dtype, (vector,), lane_number)
+    return values
+
+  def store_lanes(self, memory: UOp, dtype: DType, sizes: list[int], values: list[UOp], index_of: Callable[[int], tuple[Node, Node]]) -> None:
+    """Store each lane's value (cast to `dtype`) where `index_of` puts it: 16-byte stores where vector_groups finds them, the
+    rest one by one, each only where its validity holds."""
+    stored: set[int] = set()
+    for group, start in self.vector_groups(dtype, sizes, index_of):
+      vector = self.uop(UOps.VECTORIZE, dtype.vec(len(group)), tuple(self.cast(values[lane], dtype) for lane in group))
+      self.uop(UOps.STORE, None, (memory, self.index(start), vector), pure=False)
+      stored.update(group)
+    for lane, value in enumerate(values):
+      if lane in stored: continue
+      index, valid = index_of(lane)
+      gate: tuple[UOp, ...] = ()
+      if valid.max == 0: continue  # e.g. a lane that is all PADTO padding
+      if valid.min == 0: gate, index = (self.index(valid),), simplify_given_valid(index, valid)
+      self.uop(UOps.STORE, None, (memory, self.index(index), self.cast(value, dtype)) + gate, pure=False)
+
+  def vector_groups(self, dtype: DType, sizes: list[int], index_of: Callable[[int], tuple[Node, Node]]) -> list[tuple[list[int], Node]]:
     """Groups of VECTOR_WIDTH lanes (laid out as `sizes`) that read (or write) neighbouring elements from an aligned index, with
     that index (`index_of` gives a lane's index and validity): each group becomes one 16-byte load or store. Only on GPUs, for
     4-byte types, unmasked, along one upcast axis."""
+    lanes = prod(sizes)
     width = VECTOR_WIDTH
-    if not self.threads or dtype not in (dtypes.float32, dtypes.int32, dtypes.uint32) or len(lanes) < width: return []
-    assert prod(sizes) == len(lanes), f"lane sizes {sizes} do not describe {len(lanes)} lanes"
+    if not self.threads or dtype not in (dtypes.float32, dtypes.int32, dtypes.uint32) or lanes < width: return []
     for position, size in enumerate(sizes):
       if size % width: continue
       stride = prod(sizes[position + 1:])
       groups = []
-      for first in (lane for lane in range(len(lanes)) if (lane // stride) % width == 0):
+      for first in (lane for lane in range(lanes) if (lane // stride) % width == 0):
         members = [first + i * stride for i in range(width)]
-        indexes = [index_of(lanes[member]) for member in members]
+        indexes = [index_of(member) for member in members]
         if any(valid.min != 1 for _, valid in indexes): break
         start = indexes[0][0]
         if not _is_number(start % width, 0) or not all(_is_number(index - start, i) for i, (index, _) in enumerate(indexes)): break
@@ -193,19 +214,7 @@ class Linearizer:
                                 unrolled_reduce_axes)
     values = self.parse(kernel.ast.src[0], output_lanes, reduced)
     output = cast(MemBuffer, kernel.bufs[0])
-    stored: set[int] = set()
-    for group, start in self.vector_groups(output.dtype, output_lanes, self.lane_sizes, kernel.sts[0].expr_idxs):
-      vector = self.uop(UOps.VECTORIZE, output.dtype.vec(len(group)), tuple(self.cast(values[lane], output.dtype) for lane in group))
-      self.uop(UOps.STORE, None, (self.globals[0], self.index(start), vector), pure=False)
-      stored.update(group)
-    for lane, (idxs, value) in enumerate(zip(output_lanes, values)):
-      if lane in stored: continue
-      index, valid = kernel.sts[0].expr_idxs(idxs)
-      gate: tuple[UOp, ...] = ()
-      if valid.max == 0: continue  # a lane that is all PADTO padding
-      if valid.min == 0:  # only PADTO's padding is not written
-        gate, index = (self.index(valid),), simplify_given_valid(index, valid)
-      self.uop(UOps.STORE, None, (self.globals[0], self.index(index), self.cast(value, kernel.bufs[0].dtype)) + gate, pure=False)
+    self.store_lanes(self.globals[0], output.dtype, self.lane_sizes, values, lambda lane: kernel.sts[0].expr_idxs(output_lanes[lane]))
     for block in reversed(global_loops + self.open_ifs + store_loops): self.end(block)
     if DEBUG >= 5:
       for uop in self.uops: print(uop)

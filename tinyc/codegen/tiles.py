@@ -77,27 +77,16 @@ def load_tiles(ctx: Linearizer, outer_idxs: list[Node], trip_idxs: list[Node]) -
   return shares
 
 def store_tiles(ctx: Linearizer, shares: list[TileShare], parity: Node) -> None:
+  """Each thread's share into the tiles of the trip of this `parity`."""
   for share in shares:
-    tile, dtype = share.tile, cast(DType, share.tile.memory.dtype)
-    def index_of(idxs: list[Node], tile: Tile = tile) -> tuple[Node, Node]: return tile.layout.expr_idxs(idxs) + parity * tile.size, NumNode(1)
-    stored: set[int] = set()
-    for group, start in ctx.vector_groups(dtype, share.lanes, share.sizes, index_of) if all(g.min == 1 for g in share.gates) else []:
-      vector = ctx.uop(UOps.VECTORIZE, dtype.vec(len(group)), tuple(share.values[lane] for lane in group))
-      ctx.uop(UOps.STORE, None, (tile.memory, ctx.index(start), vector), pure=False)
-      stored.update(group)
-    for lane, (idxs, value, gate) in enumerate(zip(share.lanes, share.values, share.gates)):
-      if lane in stored or gate.max == 0: continue
-      gated = () if gate.min == 1 else (ctx.index(gate),)
-      ctx.uop(UOps.STORE, None, (tile.memory, ctx.index(index_of(idxs)[0]), ctx.cast(value, dtype)) + gated, pure=False)
+    def index_of(lane: int, share: TileShare = share) -> tuple[Node, Node]:
+      return share.tile.layout.expr_idxs(share.lanes[lane]) + parity * share.tile.size, share.gates[lane]
+    ctx.store_lanes(share.tile.memory, cast(DType, share.tile.memory.dtype), share.sizes, share.values, index_of)
 
 def read_tile(ctx: Linearizer, tile: Tile, dtype: DType, lanes: list[list[Node]]) -> list[UOp]:
   """The lanes' values from this trip's tile."""
-  def index_of(idxs: list[Node]) -> tuple[Node, Node]: return tile.layout.expr_idxs(idxs) + ctx.tile_parity * tile.size, NumNode(1)
-  values: list[UOp | None] = [None] * len(lanes)
-  for group, index in ctx.vector_groups(dtype, lanes, ctx.lane_sizes, index_of):
-    vector = ctx.uop(UOps.LOAD, dtype.vec(len(group)), (tile.memory, ctx.index(index)))
-    for lane_number, lane in enumerate(group): values[lane] = ctx.uop(UOps.GEP, dtype, (vector,), lane_number)
+  def index_of(lane: int) -> tuple[Node, Node]: return tile.layout.expr_idxs(lanes[lane]) + ctx.tile_parity * tile.size, NumNode(1)
   tile_dtype = cast(DType, tile.memory.dtype)
-  return [value if value is not None else ctx.cast(ctx.uop(UOps.LOAD, tile_dtype, (tile.memory, ctx.index(index_of(idxs)[0]))), dtype)
-          for value, idxs in zip(values, lanes)]
-
+  vectors = ctx.vector_loads(tile.memory, tile_dtype, ctx.lane_sizes, index_of)
+  return [ctx.cast(value if value is not None else ctx.uop(UOps.LOAD, tile_dtype, (tile.memory, ctx.index(index_of(lane)[0]))), dtype)
+          for lane, value in enumerate(vectors)]
