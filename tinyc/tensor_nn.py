@@ -117,21 +117,25 @@ class NNMixin:
     return keep.where(self * (1 / (1 - p)) if p < 1 else self * 0, 0)
   def triu(self: Any, k: int = 0) -> Any:
     """Keep the elements on and above the k-th diagonal of the last two dims."""
+    if self.ndim < 2: raise RuntimeError(f"triu: input tensor must have at least 2 dimensions, got shape {self.shape}")
     rows, cols = self.shape[-2:]
     upper = type(self).arange(rows, device=self.device).reshape(rows, 1) + k <= type(self).arange(cols, device=self.device).reshape(1, cols)
     return upper.where(self, 0).cast(self.dtype)
   def tril(self: Any, k: int = 0) -> Any:
     """Keep the elements on and below the k-th diagonal of the last two dims."""
+    if self.ndim < 2: raise RuntimeError(f"tril: input tensor must have at least 2 dimensions, got shape {self.shape}")
     rows, cols = self.shape[-2:]
     lower = type(self).arange(rows, device=self.device).reshape(rows, 1) + k >= type(self).arange(cols, device=self.device).reshape(1, cols)
     return lower.where(self, 0).cast(self.dtype)
   def scaled_dot_product_attention(self: Any, key: Any, value: Any, attn_mask: Any | None = None, dropout_p: float = 0.0,
                                    is_causal: bool = False) -> Any:
     """softmax(q @ k^T / sqrt(d) + mask) @ v, like torch.nn.functional.scaled_dot_product_attention (bool masks keep True)."""
+    if min(self.ndim, key.ndim, value.ndim) < 2:
+      raise RuntimeError(f"Expected query, key, and value to all be at least 2 dimensional, got {self.shape}, {key.shape} and {value.shape}")
     if is_causal:
       if attn_mask is not None: raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal, not both")
       attn_mask = type(self).ones(self.shape[-2], key.shape[-2], dtype=dtypes.bool, device=self.device).tril()
-    scores = self @ key.transpose(-2, -1) * (1 / math.sqrt(self.shape[-1]))
+    scores = self @ key.transpose(-2, -1) * (1 / math.sqrt(self.shape[-1]) if self.shape[-1] else math.inf)  # torch's scale, inf for d = 0
     if attn_mask is not None: scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype == dtypes.bool else scores + attn_mask
     return scores.softmax(-1).dropout(dropout_p) @ value
 

@@ -11,16 +11,20 @@ from tinyc.tensor_movement import normalize_axis
 
 class ReduceMixin:
   def _reduce(self: Any, function: type[F.Function], axis: int | Sequence[int] | None, keepdim: bool) -> Any:
-    axes = tuple(range(self.ndim)) if axis is None else tuple(normalize_axis(a, self.ndim) for a in argfix(axis))
+    """One primitive reduce; over a zero-size dim it gives the reduce's identity (0, or -inf for MAX): the scheduler makes a constant."""
+    axes = self._axes(axis)
     if self.ndim == 0: return type(self)._apply(F.Sum, self, axis=())  # no kernel, but a node of its own: x.sum().backward() works
-    kept = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
-    if self.numel() == 0 and prod(kept) != 0:  # reducing away a zero-size dim: the identity, as torch gives for sum
-      if function is not F.Sum:
-        empty = next(i for i in axes if self.shape[i] == 0)
-        raise RuntimeError(f"max/min: Expected reduction dim {empty} to have non-zero size (shape {self.shape}); the extreme of nothing is undefined")
-      reduced = type(self).zeros(kept, dtype=self.dtype, device=self.device)
-    else: reduced = type(self)._apply(function, self, axis=axes)
+    reduced = type(self)._apply(function, self, axis=axes)
     return reduced if keepdim else reduced.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+  def _axes(self: Any, axis: int | Sequence[int] | None) -> tuple[int, ...]:
+    return tuple(range(self.ndim)) if axis is None else tuple(normalize_axis(a, self.ndim) for a in argfix(axis))
+  def _check_extreme(self: Any, name: str, axis: int | Sequence[int] | None) -> None:
+    """The max (min, argmax) of nothing is undefined: torch's errors for a reduce over a zero-size dim."""
+    if self.numel() != 0: return
+    if axis is None: raise (IndexError if name.startswith("arg") else RuntimeError)(
+      f"{name}(): Expected reduction dim to be specified for input.numel() == 0. Specify the reduction dim with the 'dim' argument.")
+    empty = next((a for a in argfix(axis) if self.shape[normalize_axis(a, self.ndim)] == 0), None)
+    if empty is not None: raise IndexError(f"{name}(): Expected reduction dim {empty} to have non-zero size.")
   def sum(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:
     """Sum over axis; bools and ints below 32 bits (unsigned too) sum in int32 where torch uses int64, float16 in float32 (stored back
     as float16)."""
@@ -29,9 +33,11 @@ class ReduceMixin:
     elif self.dtype in (dtypes.float16, dtypes.bfloat16): return self.float().sum(axis, keepdim).cast(self.dtype)
     return source._reduce(F.Sum, axis, keepdim)
   def max(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:
+    self._check_extreme("max", axis)
     if self.dtype == dtypes.bool: return self.cast(dtypes.uint8).max(axis, keepdim).cast(dtypes.bool)
     return self._reduce(F.Max, axis, keepdim)
   def min(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:
+    self._check_extreme("min", axis)
     if self.dtype == dtypes.bool: return self.logical_not().max(axis, keepdim).logical_not()
     if dtypes.is_unsigned(self.dtype): return dtypes.max(self.dtype) - (dtypes.max(self.dtype) - self).max(axis, keepdim)
     return -((-self).max(axis, keepdim))
@@ -47,15 +53,16 @@ class ReduceMixin:
   def std(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: int = 1) -> Any:
     return self.var(axis, keepdim, correction).sqrt()
   def softmax(self: Any, axis: int = -1) -> Any:
-    x = self._floating()
-    shifted = (x - x.max(axis, keepdim=True)).exp()
+    x = self._floating()  # _reduce, not max: a softmax over a zero-size dim is empty, not an error
+    shifted = (x - x._reduce(F.Max, axis, True)).exp()
     return shifted / shifted.sum(axis, keepdim=True)
   def log_softmax(self: Any, axis: int = -1) -> Any:
     x = self._floating()
-    shifted = x - x.max(axis, keepdim=True)
+    shifted = x - x._reduce(F.Max, axis, True)
     return shifted - shifted.exp().sum(axis, keepdim=True).log()
   def argmax(self: Any, axis: int | None = None, keepdim: bool = False) -> Any:
     """Index of the first maximum along axis (of the flattened tensor when axis is None)."""
+    self._check_extreme("argmax", axis)
     if axis is None:
       flat = self.flatten()
       return flat.argmax(0).reshape((1,) * self.ndim if keepdim else ())
@@ -66,12 +73,14 @@ class ReduceMixin:
     first = (is_max * descending).max(axis, keepdim)
     return (size - first).cast(dtypes.int32)
   def argmin(self: Any, axis: int | None = None, keepdim: bool = False) -> Any:
+    self._check_extreme("argmin", axis)
     return (-self if self.dtype != dtypes.bool else self.logical_not()).argmax(axis, keepdim)
   def cumsum(self: Any, axis: int = 0) -> Any:
     """Running sum along axis."""
     axis = normalize_axis(axis, self.ndim) if self.ndim else 0
     if self.ndim == 0: return type(self)._apply(F.Sum, self, axis=())  # no kernel, but a node of its own: x.sum().backward() works
     size = self.shape[axis]
+    if size == 0: return self.sum(axis, keepdim=True).expand(self.shape)  # nothing to add up, but the dtype and the graph of a sum
     moved = self.transpose(axis, -1)
     windows = moved.pad2d((size - 1, 0))._pool((size,))
     return windows.sum(-1).transpose(axis, -1)
