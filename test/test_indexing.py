@@ -137,6 +137,33 @@ def test_gather_dtypes_and_0d():
     np.testing.assert_equal(got.numpy(), want.float().numpy() if dtype == dtypes.float16 else want.numpy())
   assert Tensor(2.5).gather(Tensor(0), 0).shape == () and Tensor(2.5).gather(Tensor(0), -1).item() == 2.5
 
+def test_gather_takes_torch_and_tinygrad_argument_orders():
+  data, index = random_array((3, 4), seed=2), np.array([[0, 3], [2, 2], [1, 0]])
+  want = torch.tensor(data).gather(1, torch.tensor(index)).numpy()
+  x, idx = Tensor(data), Tensor(index)
+  for got in [x.gather(1, idx), x.gather(idx, 1), x.gather(dim=1, index=idx), x.gather(idx, dim=1), x.gather(1, index=idx),
+              x.gather(idx=idx, dim=1), x.gather(-1, idx)]:
+    np.testing.assert_equal(got.numpy(), want)
+  with pytest.raises(TypeError, match="a dim and an index"): x.gather(idx)
+  with pytest.raises(TypeError, match="a dim and an index"): x.gather(1, idx, dim=1)
+
+# list indices that hold sequences or Tensors mean a tuple of indices, as in torch (and old numpy); tuples inside an index are lists
+SEQUENCE_INDICES = {
+  "list_of_list": lambda i: [[0]], "list_of_list_and_tensor": lambda i: [[1, 0], i], "list_with_tensor": lambda i: [i],
+  "list_with_tensor_and_int": lambda i: [i, 1], "list_with_tensor_and_tuple": lambda i: [i, (1, 1)],
+  "tuple_item": lambda i: ((1, 0), i), "nested_tuple_item": lambda i: (((0,),),), "tuple_item_with_none": lambda i: (1, (2, 1), None, i),
+  "long_flat_list": lambda i: [1, 0, 1, 1],
+}
+
+@pytest.mark.parametrize("name", SEQUENCE_INDICES)
+def test_getitem_sequences_like_torch(name):
+  data = random_array((2, 3, 4), seed=6)
+  index = SEQUENCE_INDICES[name]
+  want = torch.tensor(data)[index(torch.tensor([1, 0]))]
+  got = Tensor(data)[index(Tensor([1, 0]))]
+  assert got.shape == tuple(want.shape)
+  np.testing.assert_equal(got.numpy(), want.numpy())
+
 def test_gather_errors():
   x = Tensor.ones(3, 4)
   with pytest.raises(IndexError, match=r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)"): x.gather(Tensor([[0]]), 2)

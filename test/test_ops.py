@@ -360,6 +360,44 @@ def test_movement_edge_shapes():
   check([(2, 1, 3)], lambda x: x.expand(4, 2, 5, 3))
   check([(3,)], lambda x: x.repeat(2, 2))
 
+def test_cat_and_stack_take_a_list_or_separate_tensors():
+  a, b = random_array((2, 3), seed=1), random_array((2, 3), seed=2)
+  x, y, tx_, ty = Tensor(a), Tensor(b), torch.tensor(a), torch.tensor(b)
+  for dim in (0, 1, -1):
+    want = torch.cat([tx_, ty, tx_], dim)
+    for got in [Tensor.cat([x, y, x], dim=dim), Tensor.cat((x, y, x), dim), x.cat(y, x, dim=dim), x.cat([y, x], dim=dim), Tensor.cat(x, y, x, dim=dim)]:
+      compare(got, want)
+    want = torch.stack([tx_, ty], dim)
+    for got in [Tensor.stack([x, y], dim=dim), Tensor.stack((x, y), dim), x.stack(y, dim=dim), Tensor.stack(x, y, dim=dim), x.stack([y], dim=dim)]:
+      compare(got, want)
+  compare(Tensor.cat([x]), torch.cat([tx_]))
+  compare(Tensor.stack([x]), torch.stack([tx_]))
+
+def test_tinygrad_keyword_names():
+  """tinygrad's (late 2023) keyword names work beside torch's: reshape(shape=), expand(shape=), permute(order=), shrink(arg=), pad(arg=),
+  transpose(ax1=, ax2=), chunk(num=), repeat(repeats=), flip(axis=), squeeze(dim=), unsqueeze(dim=), sum/max(axis=)."""
+  data = random_array((2, 3, 4), seed=3)
+  x, t = Tensor(data), torch.tensor(data)
+  compare(x.reshape(shape=(4, 6)), t.reshape(4, 6))
+  compare(x.reshape(shape=[4, -1]), t.reshape(4, 6))
+  compare(x[:, :1].expand(shape=(2, 5, 4)), t[:, :1].expand(2, 5, 4))
+  compare(x.permute(order=(2, 0, 1)), t.permute(2, 0, 1))
+  compare(x.flip(0, 2), t.flip((0, 2)))
+  compare(x.flip(axis=(0, 2)), t.flip((0, 2)))
+  compare(x.shrink(arg=((0, 1), None, (1, 3))), t[0:1, :, 1:3])
+  compare(x.pad(arg=((1, 0), None, (0, 2))), tF.pad(t, (0, 2, 0, 0, 1, 0)))
+  compare(x.transpose(ax1=0, ax2=2), t.transpose(0, 2))
+  compare(x.transpose(dim0=0, dim1=2), t.transpose(0, 2))
+  compare(x.chunk(num=2, dim=1), list(t.chunk(2, 1)))
+  compare(x.repeat(repeats=(1, 2, 1)), t.repeat(1, 2, 1))
+  compare(x[:1].squeeze(dim=0), t[:1].squeeze(dim=0))
+  compare(x.unsqueeze(dim=1), t.unsqueeze(dim=1))
+  compare(x.sum(axis=1), t.sum(1))
+  compare(x.max(axis=2), t.amax(2))
+  compare(x.cumsum(axis=1), t.cumsum(1))
+  compare(x.softmax(axis=0), t.softmax(0))
+  compare(Tensor.eye(dim=3), torch.eye(3))
+
 def test_movement_errors():
   x = Tensor.ones(2, 3)
   with pytest.raises(RuntimeError, match=r"\(4, 2\).*\(2, 3\)|\(2, 3\).*\(4, 2\)"): x.reshape(4, 2)

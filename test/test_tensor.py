@@ -14,12 +14,15 @@ FROM_DATA = [  # data, the dtype tinyc infers (torch's, with int32 as the defaul
   (3, dtypes.int32), (2.5, dtypes.float32), (True, dtypes.bool), ([1, 2, 3], dtypes.int32), ([1.0, 2], dtypes.float32), ([True, False], dtypes.bool),
   ([True, 2], dtypes.int32), ([[1, 2], [3, 4]], dtypes.int32), ([[1.5], [2.5]], dtypes.float32), ([], dtypes.float32), ([[]], dtypes.float32),
   ([[[1]]], dtypes.int32), ((1, 2.5), dtypes.float32), ([-2 ** 31, 2 ** 31 - 1], dtypes.int32),
+  # ints beyond int32 make int64, as in numpy (torch always uses int64); a float anywhere still makes float32
+  ([2 ** 40], dtypes.int64), (2 ** 40, dtypes.int64), ([[1], [-2 ** 31 - 1]], dtypes.int64), ([1, 2 ** 63 - 1], dtypes.int64), (-2 ** 63, dtypes.int64),
+  ([True, 2 ** 40], dtypes.int64), ([1.5, 2 ** 40], dtypes.float32), ([1.5, 2 ** 70], dtypes.float32),
 ]
 
 @pytest.mark.parametrize("data, dtype", FROM_DATA, ids=str)
 def test_from_python(data, dtype):
   t, want = Tensor(data), torch.tensor(data)
-  assert t.dtype == dtype and dtype == expected_dtype(want.dtype, [])
+  assert t.dtype == dtype and dtype == expected_dtype(want.dtype, [dtype])
   assert t.shape == tuple(want.shape)
   np.testing.assert_equal(t.numpy(), want.numpy())
 
