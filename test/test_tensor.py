@@ -129,7 +129,7 @@ def test_arange():
   compare(Tensor.arange(4, dtype=dtypes.float32), torch.arange(4, dtype=torch.float32))
   compare(Tensor.arange(1, 4, dtype=dtypes.int64), torch.arange(1, 4), dtype=dtypes.int64)
   compare(Tensor.arange(0, 1, 0.1), torch.arange(0, 1, 0.1), atol=1e-6)
-  with pytest.raises(ValueError, match="step"): Tensor.arange(0, 3, 0)
+  with pytest.raises(RuntimeError, match="step"): Tensor.arange(0, 3, 0)
   for args in [(-3,), (5, 0), (0, 5, -1)]:
     with pytest.raises(RuntimeError, match="upper bound and lower bound inconsistent with step sign"): Tensor.arange(*args)
 
@@ -191,7 +191,7 @@ def test_numpy_item_tolist():
   assert Tensor(2.5, dtype=dtypes.bfloat16).item() == 2.5 and Tensor([[1, 2]], dtype=dtypes.int64).tolist() == [[1, 2]]
   assert (Tensor.ones(2, 3) * 2)[1, 2].item() == 2.0
   assert Tensor.ones(0, 2).tolist() == [] and Tensor.ones(0, 2).numpy().shape == (0, 2)
-  with pytest.raises(ValueError, match="6 elements"): Tensor.ones(2, 3).item()
+  with pytest.raises(RuntimeError, match="6 elements"): Tensor.ones(2, 3).item()
 
 def test_numpy_of_views_and_expressions():
   data = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
@@ -235,10 +235,10 @@ def test_user_errors():
   with pytest.raises(IndexError, match=r"Dimension out of range \(expected to be in range of \[-1, 0\], but got 1\)"): Tensor(1.0).sum(1)
   with pytest.raises(IndexError, match="index 3 is out of bounds for dimension 1 with size 3"): x[:, 3]
   with pytest.raises(ValueError, match="same shape"): x.assign(Tensor.ones(3, 2))
-  with pytest.raises(ValueError): x.clip()
+  with pytest.raises(RuntimeError, match="At least one"): x.clip()
   with pytest.raises(TypeError): x + "a"
   with pytest.raises(TypeError): x + [1, 2, 3]
   with pytest.raises(RuntimeError, match="at least 1D"): Tensor(2.0) @ Tensor(3.0)
-  with pytest.raises(ValueError): x.chunk(0)
+  with pytest.raises(RuntimeError, match="chunks"): x.chunk(0)
   # torch raises on integer division by zero; a lazy tinyc cannot look at the data, but must not crash: the other elements are right
   assert (Tensor([7, 9]) // Tensor([0, 2])).numpy()[1] == 4 and (Tensor([7, 9]) % Tensor([0, 2])).numpy()[1] == 1

@@ -55,7 +55,7 @@ class dtypes:
     """The dtype PyTorch gives a tensor made from this Python value (nested lists look at every element)."""
     if isinstance(value, (list, tuple)): return least_upper_dtype(*[dtypes.from_py(v) for v in value]) if value else dtypes.default_float
     if isinstance(value, bool): return dtypes.bool
-    if isinstance(value, int): return dtypes.default_int
+    if isinstance(value, int): return dtypes.default_int if -2 ** 31 <= value < 2 ** 31 else dtypes.int64  # numpy's rule: wider ints need int64
     if isinstance(value, float): return dtypes.default_float
     raise TypeError(f"cannot make a tensor from a {type(value).__name__}: use a number, a (nested) list or a numpy array")
   @staticmethod

@@ -28,6 +28,21 @@ def argfix(*xs: Any) -> tuple[Any, ...]:
   return tuple(xs[0]) if len(xs) == 1 and isinstance(xs[0], (tuple, list)) else tuple(xs)
 def unique_counter() -> Iterator[int]: return itertools.count()
 
+Fn = TypeVar("Fn", bound=Callable[..., Any])
+def keyword_aliases(**aliases: str) -> Callable[[Fn], Fn]:
+  """Let a function take other names for its keyword arguments: @keyword_aliases(arg="bounds") makes f(arg=x) mean f(bounds=x)
+  (tinygrad's names beside tinyc's, which follow torch's)."""
+  def decorate(fn: Fn) -> Fn:
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+      for alias, name in aliases.items():
+        if alias in kwargs:
+          if name in kwargs: raise TypeError(f"{fn.__name__}() got both {alias}= and {name}=, two names for one argument")
+          kwargs[name] = kwargs.pop(alias)
+      return fn(*args, **kwargs)
+    return call  # type: ignore[return-value]
+  return decorate
+
 def getenv(key: str, default: Any = 0) -> Any:
   """The environment variable `key` converted to the type of `default`; read each call so changes take effect at once."""
   raw = os.environ.get(key)

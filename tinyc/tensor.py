@@ -38,13 +38,15 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
     if isinstance(data, Tensor): data, dtype = data.numpy(), dtype or data.dtype  # numpy() gives bfloat16 as float32: keep the dtype
     if isinstance(data, np.generic): data = np.asarray(data)  # a numpy scalar keeps its dtype, as in torch (np.float64 is also a float)
     if isinstance(data, (bool, int, float)):
-      dtype = dtype or dtypes.from_py(data)
+      inferred, dtype = dtype is None, dtype or dtypes.from_py(data)
+      if isinstance(data, int) and dtypes.is_int(dtype) and not dtypes.min(dtype) <= data <= dtypes.max(dtype): raise _overflow(dtype, inferred)
       self.lazydata = LazyBuffer.loadop(LoadOps.CONST, (), dtype, device, arg=_cast_scalar(data, dtype))
       return
     if isinstance(data, (list, tuple)):
-      dtype = dtype or dtypes.from_py(data)
+      inferred, dtype = dtype is None, dtype or dtypes.from_py(data)
       try: data = np.array(data, dtype=np.float32 if dtype == dtypes.bfloat16 else dtype.np)
       except ValueError as error: raise ValueError(f"cannot make a tensor from ragged nested lists: {error}") from error
+      except OverflowError: raise _overflow(dtype, inferred) from None
     if not isinstance(data, np.ndarray):
       raise TypeError(f"cannot make a Tensor from {type(data).__name__}: use a number, a (nested) list or a numpy array")
     dtype = dtype or dtypes.from_np(data.dtype)
@@ -96,7 +98,7 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
     return data.base.realized.numpy().reshape(self.shape)
   def item(self) -> Scalar:
     """The single value of a one-element tensor as a Python number."""
-    if self.numel() != 1: raise ValueError(f"a Tensor with {self.numel()} elements cannot be converted to Scalar")
+    if self.numel() != 1: raise RuntimeError(f"a Tensor with {self.numel()} elements cannot be converted to Scalar")
     return self.numpy().reshape(()).item()
   def tolist(self) -> Any: return self.numpy().tolist()
   def to(self, device: str) -> Tensor:
@@ -184,7 +186,8 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
   def _to_tensor(self, other: Tensor | Scalar, dtype: DType) -> Tensor:
     if isinstance(other, Tensor): return other.cast(dtype)
     if not isinstance(other, (int, float, bool)): raise TypeError(f"unsupported operand type {type(other).__name__} for a Tensor op")
-    return Tensor(_cast_scalar(other, dtype), device=self.device, dtype=dtype)
+    # built directly, not through Tensor(other, dtype=...), which refuses an int that does not fit: an operand keeps its value as C reads it
+    return Tensor(LazyBuffer.loadop(LoadOps.CONST, (), dtype, self.device, arg=_cast_scalar(other, dtype)), device=self.device)
 
   def _broadcasted(self, other: Tensor | Scalar, reverse: bool = False, dtype: DType | None = None) -> tuple[Tensor, Tensor]:
     """Both operands cast to their promoted dtype (PyTorch's rules) and expanded to the broadcast shape."""
@@ -357,7 +360,7 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
     return (diff > 0.5).where(floor + 1, (diff < 0.5).where(floor, floor_is_even.where(floor, floor + 1)))
   def clip(self, min_: Scalar | None = None, max_: Scalar | None = None) -> Tensor:
     """Clamp values to [min_, max_]."""
-    if min_ is None and max_ is None: raise ValueError("clip needs at least one of min_ and max_")
+    if min_ is None and max_ is None: raise RuntimeError("clip: At least one of 'min' or 'max' must not be None")
     # torch: the result dtype comes from the tensor and both bounds together (int tensor, float bound -> float), before clamping
     out = self.cast(least_upper_dtype(self.dtype, *[result_dtype_with_scalar(self.dtype, b) for b in (min_, max_) if b is not None]))
     # where, not maximum/minimum: at a bound torch passes the whole gradient through, where maximum would split it in two
@@ -390,6 +393,11 @@ def _round_to_bfloat16(data: np.ndarray) -> np.ndarray:
   bits = values.view(np.uint32).astype(np.uint64)
   rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
   return np.where(np.isnan(values), values, rounded)
+
+def _overflow(dtype: DType, inferred: bool) -> Exception:
+  """torch's error for a Python int that does not fit: int64 is the widest dtype a Python int makes (uint64 only when asked for)."""
+  if inferred: return ValueError("Overflow when unpacking long long: a Python int beyond int64 cannot be a tensor element; pass it as a float")
+  return RuntimeError(f"value cannot be converted to type {dtype.name} without overflow")
 
 def _cast_scalar(value: Scalar, dtype: DType) -> Scalar:
   if dtype == dtypes.bool: return bool(value)

@@ -6,7 +6,7 @@ import math, time
 from typing import Any, ClassVar, Sequence
 import numpy as np
 from tinyc.dtype import DType, dtypes
-from tinyc.helpers import argfix, prod
+from tinyc.helpers import argfix, keyword_aliases, prod
 from tinyc.ops import LoadOps
 from tinyc.device import Device
 from tinyc.lazy import LazyBuffer
@@ -42,7 +42,7 @@ class CreationMixin:
   def arange(cls: Any, start: Scalar, stop: Scalar | None = None, step: Scalar = 1, **kwargs: Any) -> Any:
     """Values from start (inclusive) to stop (exclusive) by step, like torch.arange."""
     if stop is None: start, stop = 0, start
-    if step == 0: raise ValueError("arange: step must be nonzero")
+    if step == 0: raise RuntimeError("arange: step must be nonzero")
     if (stop - start) * step < 0: raise RuntimeError(f"upper bound and lower bound inconsistent with step sign: arange({start}, {stop}, {step})")
     count = math.ceil((stop - start) / step)
     dtype = kwargs.pop("dtype", dtypes.default_float if any(isinstance(v, float) for v in (start, stop, step)) else dtypes.default_int)
@@ -50,6 +50,7 @@ class CreationMixin:
     # made on the host: O(n) (a cumulative sum through the pooling trick would be O(n^2)); values computed in float64 like torch
     return cls(np.arange(count, dtype=np.float64) * step + start, dtype=dtype, **kwargs)
   @classmethod
+  @keyword_aliases(dim="n")  # tinygrad's eye(dim)
   def eye(cls: Any, n: int, m: int | None = None, **kwargs: Any) -> Any:
     """The n x m identity matrix."""
     m = n if m is None else m

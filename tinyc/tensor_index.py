@@ -10,6 +10,7 @@ from tinyc.helpers import argsort, prod
 from tinyc.tensor_movement import normalize_axis
 
 BAD_INDEX = "only integers, slices (`:`), ellipsis (`...`), None and integer tensors or lists are valid indices"
+USE_GATHER = "as x.gather(dim, index) (torch's order) or x.gather(index, dim) (tinygrad's)"
 MASK_INDEX = ("indexing with a boolean mask makes a data-dependent shape, which a lazy tinyc graph cannot have: use mask.where(x, 0), "
               "or compute the indices on the host: x[tuple(Tensor(i) for i in np.nonzero(mask.numpy()))]")
 
@@ -36,7 +37,7 @@ class IndexMixin:
     """One index item checked, with lists and numpy arrays made into int Tensors on self's device."""
     if item is None or item is Ellipsis or isinstance(item, slice): return item
     if isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)): return int(item)
-    if isinstance(item, (list, np.ndarray)):
+    if isinstance(item, (list, tuple, np.ndarray)):  # a tuple inside an index is a list of ints, as in torch
       array = np.asarray(item)
       if array.dtype == np.bool_: raise TypeError(MASK_INDEX)
       if array.size and array.dtype.kind not in "iu": raise IndexError(f"{BAD_INDEX} (got a list of {array.dtype})")
@@ -137,10 +138,12 @@ class IndexMixin:
       x = x.shrink(tuple((0, s) if i != axis + 1 else (0, 1) for i, s in enumerate(x.shape))).reshape(x.shape[:axis] + (count,) + x.shape[axis + 2:])
     return x
 
-  def gather(self: Any, idx: Any, dim: int) -> Any:
-    """out[i][j] = self[idx[i][j]][j] for dim=0 (torch.gather), as a one-hot contraction; out-of-range idx values (negative too) give 0."""
-    axis = normalize_axis(dim, self.ndim)
+  def gather(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """out[i][j] = self[idx[i][j]][j] for dim=0 (torch.gather), as a one-hot contraction; out-of-range idx values (negative too) give 0.
+    Takes torch's gather(dim, index) and tinygrad's gather(idx, dim), positional (the Tensor is the index) or by keyword."""
+    idx, dim = self._gather_arguments(args, kwargs)
     if not isinstance(idx, type(self)): raise TypeError(f"gather(): index must be a Tensor, got {type(idx).__name__}")
+    axis = normalize_axis(dim, self.ndim)
     if not dtypes.is_int(idx.dtype): raise RuntimeError(f"gather(): Expected an integer dtype for index, got {idx.dtype}: cast it with .int()")
     if self.ndim == 0:
       if idx.ndim > 1: raise RuntimeError("Index tensor must have the same number of dimensions as input tensor")
@@ -155,6 +158,17 @@ class IndexMixin:
     data = data.reshape(tuple(1 if d == axis else s for d, s in enumerate(idx.shape)) + (size,))
     hit = idx.to(self.device).reshape(idx.shape + (1,)) == type(self).arange(size, device=self.device)
     return hit.where(data, 0).sum(-1).cast(self.dtype)
+
+  def _gather_arguments(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """(index, dim) from gather's arguments: keywords dim=, index= (torch) or idx= (tinygrad); a positional Tensor is the index."""
+    given = {"index" if name == "idx" else name: value for name, value in kwargs.items()}
+    for arg in args:
+      name = "index" if isinstance(arg, type(self)) or "dim" in given else "dim"
+      if name in given or len(given) == 2: raise TypeError(f"gather() got {name} twice: it takes a dim and an index, {USE_GATHER}")
+      given[name] = arg
+    if len(kwargs) != len(given) - len(args) or set(given) != {"dim", "index"}:
+      raise TypeError(f"gather() takes a dim and an index, {USE_GATHER}; got {len(args)} positional and keywords {sorted(kwargs)}")
+    return given["index"], given["dim"]
 
   # ---- writing ----
   def __setitem__(self: Any, indices: Any, value: Any) -> None:

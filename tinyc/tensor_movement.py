@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 from tinyc.dtype import dtypes
-from tinyc.helpers import argfix, flatten, prod
+from tinyc.helpers import argfix, flatten, keyword_aliases, prod
 from tinyc import function as F
 
 def normalize_axis(axis: int, ndim: int) -> int:
@@ -24,9 +24,10 @@ class MovementMixin:
   @classmethod
   def _apply(cls, *args: Any, **kwargs: Any) -> Any: raise NotImplementedError
 
-  def reshape(self, *shape: Any) -> Any:
+  # (shape, *more) rather than (*shape): reshape(2, 3), reshape((2, 3)) and tinygrad's reshape(shape=(2, 3)) all work
+  def reshape(self, shape: Any, *more: int) -> Any:
     """The same elements in a new shape; one dim may be -1."""
-    dims = argfix(*shape)
+    dims = argfix(shape, *more)
     if not all(isinstance(d, int) for d in dims): raise TypeError(f"reshape needs ints, got {dims}")
     if dims.count(-1) > 1: raise RuntimeError(f"only one dimension can be inferred, got shape {dims}")
     if -1 in dims:
@@ -37,9 +38,9 @@ class MovementMixin:
       raise RuntimeError(f"shape {dims} is invalid for input of size {prod(self.shape)} (input shape {self.shape})")
     return self if dims == self.shape else type(self)._apply(F.Reshape, self, shape=dims)
 
-  def expand(self, *shape: Any) -> Any:
+  def expand(self, shape: Any, *more: int) -> Any:
     """Broadcast size-1 dims to `shape` (-1 keeps a dim); new leading dims are allowed."""
-    dims = argfix(*shape)
+    dims = argfix(shape, *more)
     if len(dims) < self.ndim: raise RuntimeError(f"expand: the shape {dims} has fewer dims than the tensor's {self.shape}")
     current = (1,) * (len(dims) - self.ndim) + self.shape
     target = tuple(c if d == -1 else d for c, d in zip(current, dims))
@@ -48,17 +49,19 @@ class MovementMixin:
     base = self.reshape(current) if current != self.shape else self
     return base if target == current else type(self)._apply(F.Expand, base, shape=target)
 
-  def permute(self, *order: Any) -> Any:
+  def permute(self, order: Any, *more: int) -> Any:
     """Reorder the dims."""
-    axes = tuple(normalize_axis(a, self.ndim) for a in argfix(*order))
-    if sorted(axes) != list(range(self.ndim)): raise RuntimeError(f"permute: {argfix(*order)} is not a permutation of the dims of {self.shape}")
+    axes = tuple(normalize_axis(a, self.ndim) for a in argfix(order, *more))
+    if sorted(axes) != list(range(self.ndim)):
+      raise RuntimeError(f"permute: {argfix(order, *more)} is not a permutation of the dims of {self.shape}")
     return type(self)._apply(F.Permute, self, order=axes)
 
-  def flip(self, axis: int | Sequence[int]) -> Any:
-    """Reverse the order of elements along axis."""
-    axes = tuple(normalize_axis(a, self.ndim) for a in argfix(axis))
+  def flip(self, axis: int | Sequence[int], *more: int) -> Any:
+    """Reverse the order of elements along axis (one dim or several)."""
+    axes = tuple(normalize_axis(a, self.ndim) for a in argfix(axis, *more))
     return type(self)._apply(F.Flip, self, axis=axes)
 
+  @keyword_aliases(arg="bounds")
   def shrink(self, bounds: Sequence[tuple[int, int] | None]) -> Any:
     """Keep [begin, end) in each dim (None keeps the whole dim)."""
     if len(bounds) != self.ndim: raise ValueError(f"shrink needs one (begin, end) per dim of {self.shape}, got {bounds}")
@@ -66,6 +69,7 @@ class MovementMixin:
     if any(not 0 <= b <= e <= s for (b, e), s in zip(full, self.shape)): raise ValueError(f"shrink bounds {full} do not fit shape {self.shape}")
     return self if all(b == (0, s) for b, s in zip(full, self.shape)) else type(self)._apply(F.Shrink, self, bounds=full)
 
+  @keyword_aliases(arg="padding")
   def pad(self, padding: Sequence[tuple[int, int] | None], value: float = 0.0) -> Any:
     """Add (before, after) elements of `value` around each dim."""
     if len(padding) != self.ndim: raise ValueError(f"pad needs one (before, after) per dim of {self.shape}, got {padding}")
@@ -89,6 +93,7 @@ class MovementMixin:
     ranges = [(0, s) for s in self.shape[:self.ndim - len(pairs)]] + [(-b, s + a) for (b, a), s in zip(pairs, self.shape[self.ndim - len(pairs):])]
     return self._slice(ranges, value)
 
+  @keyword_aliases(ax1="dim0", ax2="dim1")
   def transpose(self, dim0: int = 1, dim1: int = 0) -> Any:
     order = list(range(self.ndim))
     a, b = normalize_axis(dim0, self.ndim), normalize_axis(dim1, self.ndim)
@@ -108,40 +113,43 @@ class MovementMixin:
     axis = normalize_axis(dim, self.ndim + 1)
     return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
 
-  def cat(self, *others: Any, dim: int = 0) -> Any:
-    """Join tensors along an existing dim; all other dims must match."""
-    axis = normalize_axis(dim, self.ndim)
-    tensors = (self,) + others
-    for other in others:
-      if other.ndim != self.ndim or any(a != b for i, (a, b) in enumerate(zip(self.shape, other.shape)) if i != axis):
-        raise RuntimeError(f"Sizes of tensors must match except in dimension {axis}: cat of {self.shape} and {other.shape}")
+  def cat(self: Any, *others: Any, dim: int = 0) -> Any:
+    """Join tensors along an existing dim; all other dims must match. a.cat(b, c, dim=1), or as in torch, Tensor.cat([a, b, c], dim=1)."""
+    tensors, dim = _tensors_and_dim("cat", self, others, dim, ValueError("cat(): expected a non-empty list of Tensors"))
+    first = tensors[0]
+    if (zero_d := next((i for i, t in enumerate(tensors) if t.ndim == 0), None)) is not None:
+      raise RuntimeError(f"zero-dimensional tensor (at position {zero_d}) cannot be concatenated: stack scalars along a new dim with Tensor.stack")
+    axis = normalize_axis(dim, first.ndim)
+    for other in tensors[1:]:
+      if other.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(zip(first.shape, other.shape)) if i != axis):
+        raise RuntimeError(f"Sizes of tensors must match except in dimension {axis}: cat of {first.shape} and {other.shape}")
     offsets = [0]
     for t in tensors: offsets.append(offsets[-1] + t.shape[axis])
     total = offsets[-1]
-    parts = [t.pad(tuple((offsets[i], total - offsets[i + 1]) if d == axis else (0, 0) for d in range(self.ndim))) for i, t in enumerate(tensors)]
+    parts = [t.pad(tuple((offsets[i], total - offsets[i + 1]) if d == axis else (0, 0) for d in range(first.ndim))) for i, t in enumerate(tensors)]
     result = parts[0]
     for part in parts[1:]: result = result + part
     return result
-  @staticmethod
-  def stack(tensors: Sequence[Any], dim: int = 0) -> Any:
-    """Join same-shaped tensors along a new dim."""
-    if not tensors: raise RuntimeError("stack expects a non-empty sequence of tensors")
+  def stack(self: Any, *others: Any, dim: int = 0) -> Any:
+    """Join same-shaped tensors along a new dim: a.stack(b, dim=1), or as in torch, Tensor.stack([a, b], dim=1)."""
+    tensors, dim = _tensors_and_dim("stack", self, others, dim, RuntimeError("stack expects a non-empty sequence of tensors"))
     axis = normalize_axis(dim, tensors[0].ndim + 1)
     for t in tensors[1:]:
       if t.shape != tensors[0].shape: raise RuntimeError(f"stack expects each tensor to be equal size, but got {tensors[0].shape} and {t.shape}")
     expanded = [t.unsqueeze(axis) for t in tensors]
     return expanded[0].cat(*expanded[1:], dim=axis)
-  def repeat(self, *repeats: Any) -> Any:
+  def repeat(self, repeats: Any, *more: int) -> Any:
     """Tile the tensor `repeats[i]` times along dim i (like torch.Tensor.repeat); takes a sequence or ints."""
-    repeats = argfix(*repeats)
+    repeats = argfix(repeats, *more)
     if len(repeats) < self.ndim:
       raise RuntimeError(f"Number of dimensions of repeat dims {tuple(repeats)} can not be smaller than number of dimensions of tensor {self.shape}")
     base = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
     spread = base.reshape(flatten((1, s) for s in base.shape)).expand(flatten((r, s) for r, s in zip(repeats, base.shape)))
     return spread.reshape(tuple(r * s for r, s in zip(repeats, base.shape)))
+  @keyword_aliases(num="chunks")
   def chunk(self, chunks: int, dim: int = 0) -> list[Any]:
     axis = normalize_axis(dim, self.ndim)
-    if chunks <= 0: raise ValueError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
+    if chunks <= 0: raise RuntimeError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
     step = math.ceil(self.shape[axis] / chunks) if self.shape[axis] else 1
     bounds = [(start, min(start + step, self.shape[axis])) for start in range(0, self.shape[axis], step)] or [(0, 0)]
     return [self.shrink(tuple(b if d == axis else None for d in range(self.ndim))) for b in bounds]
@@ -169,6 +177,19 @@ class MovementMixin:
     x = self._slice(keep + [(0, o * s) for o, s in zip(out_, s_)]).reshape(*batch, *flatten((o, s) for o, s in zip(out_, s_)))
     x = x._slice(keep + flatten(((0, o), (0, k)) for o, k in zip(out_, k_)))
     return x.permute(*range(nb), *[nb + i * 2 for i in range(len(k_))], *[nb + i * 2 + 1 for i in range(len(k_))])
+
+def _tensors_and_dim(name: str, first: Any, rest: tuple[Any, ...], dim: int, empty: Exception) -> tuple[list[Any], int]:
+  """The tensors and dim of cat/stack called as in torch (Tensor.cat([a, b], 1): the unbound method gets the list as self) or as in
+  tinygrad (a.cat(b, c, dim=1), or a.cat([b, c]))."""
+  if isinstance(first, (list, tuple)):
+    if len(rest) > 1 or rest and not isinstance(rest[0], int):
+      raise TypeError(f"{name}() takes a list of tensors and a dim, as Tensor.{name}([a, b], dim=0), got a list and {rest}")
+    tensors, dim = list(first), rest[0] if rest else dim
+  else: tensors = [first, *(rest[0] if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else rest)]
+  if not tensors: raise empty
+  for i, t in enumerate(tensors):
+    if not isinstance(t, MovementMixin): raise TypeError(f"{name}(): expected Tensor as element {i} in argument 0, but got {type(t).__name__}")
+  return tensors, dim
 
 def _pair(value: int | Sequence[int], count: int) -> tuple[int, ...]:
   return (value,) * count if isinstance(value, int) else tuple(value)

@@ -57,8 +57,8 @@ class NNMixin:
     x: Any = self
     (batch, cin_total), (cout, cin), kernel = x.shape[:2], weight.shape[:2], weight.shape[2:]
     if x.ndim != weight.ndim or groups * cin != cin_total or cout % groups:
-      raise RuntimeError(f"conv2d: input {x.shape} and weight {weight.shape} do not fit (groups={groups}): "
-                         f"weight needs shape (out, in/groups, *kernel) with in = {cin_total}")
+      raise RuntimeError(f"conv2d: input {x.shape} has {cin_total} channels, but weight {weight.shape} with groups={groups} expects "
+                         f"{groups * cin} channels (and out channels divisible by groups): weight needs shape (out, in/groups, *kernel)")
     if isinstance(padding, int): pads = [padding] * (2 * len(kernel))
     elif len(padding) == 2 * len(kernel): pads = list(padding)
     else: pads = [p for p in padding[::-1] for _ in range(2)]
