@@ -365,7 +365,8 @@ def test_cat_and_stack_take_a_list_or_separate_tensors():
   x, y, tx_, ty = Tensor(a), Tensor(b), torch.tensor(a), torch.tensor(b)
   for dim in (0, 1, -1):
     want = torch.cat([tx_, ty, tx_], dim)
-    for got in [Tensor.cat([x, y, x], dim=dim), Tensor.cat((x, y, x), dim), x.cat(y, x, dim=dim), x.cat([y, x], dim=dim), Tensor.cat(x, y, x, dim=dim)]:
+    for got in [Tensor.cat([x, y, x], dim=dim), Tensor.cat((x, y, x), dim), x.cat(y, x, dim=dim), x.cat([y, x], dim=dim),
+                Tensor.cat(x, y, x, dim=dim)]:
       compare(got, want)
     want = torch.stack([tx_, ty], dim)
     for got in [Tensor.stack([x, y], dim=dim), Tensor.stack((x, y), dim), x.stack(y, dim=dim), Tensor.stack(x, y, dim=dim), x.stack([y], dim=dim)]:

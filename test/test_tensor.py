@@ -15,7 +15,8 @@ FROM_DATA = [  # data, the dtype tinyc infers (torch's, with int32 as the defaul
   ([True, 2], dtypes.int32), ([[1, 2], [3, 4]], dtypes.int32), ([[1.5], [2.5]], dtypes.float32), ([], dtypes.float32), ([[]], dtypes.float32),
   ([[[1]]], dtypes.int32), ((1, 2.5), dtypes.float32), ([-2 ** 31, 2 ** 31 - 1], dtypes.int32),
   # ints beyond int32 make int64, as in numpy (torch always uses int64); a float anywhere still makes float32
-  ([2 ** 40], dtypes.int64), (2 ** 40, dtypes.int64), ([[1], [-2 ** 31 - 1]], dtypes.int64), ([1, 2 ** 63 - 1], dtypes.int64), (-2 ** 63, dtypes.int64),
+  ([2 ** 40], dtypes.int64), (2 ** 40, dtypes.int64), ([[1], [-2 ** 31 - 1]], dtypes.int64), ([1, 2 ** 63 - 1], dtypes.int64),
+  (-2 ** 63, dtypes.int64),
   ([True, 2 ** 40], dtypes.int64), ([1.5, 2 ** 40], dtypes.float32), ([1.5, 2 ** 70], dtypes.float32),
 ]
 
