@@ -103,6 +103,8 @@ def test_getitem_tensor_index_errors():
   with pytest.raises(IndexError, match="valid indices"): x[[0.5, 1.5]]
   with pytest.raises(IndexError, match="valid indices"): x[1.5]
   with pytest.raises(IndexError, match="valid indices"): x["a"]
+  with pytest.raises(IndexError, match="a list holding tensors is not an index.*write a tuple"): x[[Tensor([0]), 1]]
+  with pytest.raises(IndexError, match="a list holding tensors is not an index"): x[0, [Tensor(1), Tensor(0)]]
   with pytest.raises(IndexError, match=r"shape mismatch: indexing tensors could not be broadcast together with shapes \[2\], \[3\]"):
     x[Tensor([0, 1]), Tensor([0, 1, 2])]
   with pytest.raises(IndexError, match="too many indices for tensor of dimension 2"): x[Tensor([0]), Tensor([0]), Tensor([0])]

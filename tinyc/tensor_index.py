@@ -10,6 +10,8 @@ from tinyc.helpers import argsort, prod
 from tinyc.tensor_movement import normalize_axis
 
 BAD_INDEX = "only integers, slices (`:`), ellipsis (`...`), None and integer tensors or lists are valid indices"
+TENSORS_IN_LIST = ("a list holding tensors is not an index: a list is one index array (as numpy and torch >= 2.9 read it); to index "
+                   "several dims, write a tuple, x[i, 1] or x[(i, 1)], not x[[i, 1]]")
 USE_GATHER = "as x.gather(dim, index) (torch's order) or x.gather(index, dim) (tinygrad's)"
 MASK_INDEX = ("indexing with a boolean mask makes a data-dependent shape, which a lazy tinyc graph cannot have: use mask.where(x, 0), "
               "or compute the indices on the host: x[tuple(Tensor(i) for i in np.nonzero(mask.numpy()))]")
@@ -38,6 +40,7 @@ class IndexMixin:
     if item is None or item is Ellipsis or isinstance(item, slice): return item
     if isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)): return int(item)
     if isinstance(item, (list, tuple, np.ndarray)):  # a tuple inside an index is a list of ints, as in torch
+      if not isinstance(item, np.ndarray) and any(isinstance(i, type(self)) for i in item): raise IndexError(TENSORS_IN_LIST)
       array = np.asarray(item)
       if array.dtype == np.bool_: raise TypeError(MASK_INDEX)
       if array.size and array.dtype.kind not in "iu": raise IndexError(f"{BAD_INDEX} (got a list of {array.dtype})")
