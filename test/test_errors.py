@@ -92,3 +92,11 @@ def test_error_like_torch(name: str, tmp_path: Path) -> None:
   with pytest.raises(Exception) as torch_error: torch_fn(*args)
   with pytest.raises(builtin_class(torch_error.value)) as tinyc_error: tinyc_fn(*args)
   assert words in str(tinyc_error.value), f"{name}: {tinyc_error.value!r} does not say {words!r} (torch: {torch_error.value!r})"
+
+# a shape that does not fit is a RuntimeError as in torch and also a ValueError, as numpy (and tinygrad) raise for it
+SHAPE_ERRORS = ["cat_0d", "cat_shapes", "cat_ndims", "stack_shapes", "reshape_size", "reshape_two_inferred", "expand_size", "repeat_too_few"]
+
+@pytest.mark.parametrize("name", SHAPE_ERRORS)
+def test_shape_errors_are_also_value_errors(name: str) -> None:
+  with pytest.raises(ValueError) as error: ERRORS[name][0]()
+  assert isinstance(error.value, RuntimeError)
