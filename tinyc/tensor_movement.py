@@ -8,6 +8,9 @@ from tinyc.dtype import dtypes
 from tinyc.helpers import argfix, flatten, keyword_aliases, prod
 from tinyc import function as F
 
+class ShapeError(RuntimeError, ValueError):
+  """Shapes that do not fit: a RuntimeError, as torch raises, and a ValueError, as numpy and tinygrad raise, so either's except catches it."""
+
 def normalize_axis(axis: int, ndim: int) -> int:
   """A dim in [-ndim, ndim) as a non-negative dim, or PyTorch's IndexError."""
   low, high = (-ndim, ndim - 1) if ndim else (-1, 0)
@@ -29,23 +32,23 @@ class MovementMixin:
     """The same elements in a new shape; one dim may be -1."""
     dims = argfix(shape, *more)
     if not all(isinstance(d, int) for d in dims): raise TypeError(f"reshape needs ints, got {dims}")
-    if dims.count(-1) > 1: raise RuntimeError(f"only one dimension can be inferred, got shape {dims}")
+    if dims.count(-1) > 1: raise ShapeError(f"only one dimension can be inferred, got shape {dims}")
     if -1 in dims:
       known = prod(d for d in dims if d != -1)
-      if known == 0 or prod(self.shape) % known: raise RuntimeError(f"shape {dims} is invalid for input of size {prod(self.shape)}")
+      if known == 0 or prod(self.shape) % known: raise ShapeError(f"shape {dims} is invalid for input of size {prod(self.shape)}")
       dims = tuple(prod(self.shape) // known if d == -1 else d for d in dims)
     if any(d < 0 for d in dims) or prod(dims) != prod(self.shape):
-      raise RuntimeError(f"shape {dims} is invalid for input of size {prod(self.shape)} (input shape {self.shape})")
+      raise ShapeError(f"shape {dims} is invalid for input of size {prod(self.shape)} (input shape {self.shape})")
     return self if dims == self.shape else type(self)._apply(F.Reshape, self, shape=dims)
 
   def expand(self, shape: Any, *more: int) -> Any:
     """Broadcast size-1 dims to `shape` (-1 keeps a dim); new leading dims are allowed."""
     dims = argfix(shape, *more)
-    if len(dims) < self.ndim: raise RuntimeError(f"expand: the shape {dims} has fewer dims than the tensor's {self.shape}")
+    if len(dims) < self.ndim: raise ShapeError(f"expand: the shape {dims} has fewer dims than the tensor's {self.shape}")
     current = (1,) * (len(dims) - self.ndim) + self.shape
     target = tuple(c if d == -1 else d for c, d in zip(current, dims))
     for c, d in zip(current, target):
-      if c != d and c != 1: raise RuntimeError(f"The expanded size of the tensor ({d}) must match the existing size ({c}): {self.shape} -> {dims}")
+      if c != d and c != 1: raise ShapeError(f"The expanded size of the tensor ({d}) must match the existing size ({c}): {self.shape} -> {dims}")
     base = self.reshape(current) if current != self.shape else self
     return base if target == current else type(self)._apply(F.Expand, base, shape=target)
 
@@ -118,11 +121,11 @@ class MovementMixin:
     tensors, dim = _tensors_and_dim("cat", self, others, dim, ValueError("cat(): expected a non-empty list of Tensors"))
     first = tensors[0]
     if (zero_d := next((i for i, t in enumerate(tensors) if t.ndim == 0), None)) is not None:
-      raise RuntimeError(f"zero-dimensional tensor (at position {zero_d}) cannot be concatenated: stack scalars along a new dim with Tensor.stack")
+      raise ShapeError(f"zero-dimensional tensor (at position {zero_d}) cannot be concatenated: stack scalars along a new dim with Tensor.stack")
     axis = normalize_axis(dim, first.ndim)
     for other in tensors[1:]:
       if other.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(zip(first.shape, other.shape)) if i != axis):
-        raise RuntimeError(f"Sizes of tensors must match except in dimension {axis}: cat of {first.shape} and {other.shape}")
+        raise ShapeError(f"Sizes of tensors must match except in dimension {axis}: cat of {first.shape} and {other.shape}")
     offsets = [0]
     for t in tensors: offsets.append(offsets[-1] + t.shape[axis])
     total = offsets[-1]
@@ -135,14 +138,14 @@ class MovementMixin:
     tensors, dim = _tensors_and_dim("stack", self, others, dim, RuntimeError("stack expects a non-empty sequence of tensors"))
     axis = normalize_axis(dim, tensors[0].ndim + 1)
     for t in tensors[1:]:
-      if t.shape != tensors[0].shape: raise RuntimeError(f"stack expects each tensor to be equal size, but got {tensors[0].shape} and {t.shape}")
+      if t.shape != tensors[0].shape: raise ShapeError(f"stack expects each tensor to be equal size, but got {tensors[0].shape} and {t.shape}")
     expanded = [t.unsqueeze(axis) for t in tensors]
     return expanded[0].cat(*expanded[1:], dim=axis)
   def repeat(self, repeats: Any, *more: int) -> Any:
     """Tile the tensor `repeats[i]` times along dim i (like torch.Tensor.repeat); takes a sequence or ints."""
     repeats = argfix(repeats, *more)
     if len(repeats) < self.ndim:
-      raise RuntimeError(f"Number of dimensions of repeat dims {tuple(repeats)} can not be smaller than number of dimensions of tensor {self.shape}")
+      raise ShapeError(f"Number of dimensions of repeat dims {tuple(repeats)} can not be smaller than number of dimensions of tensor {self.shape}")
     base = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
     spread = base.reshape(flatten((1, s) for s in base.shape)).expand(flatten((r, s) for r, s in zip(repeats, base.shape)))
     return spread.reshape(tuple(r * s for r, s in zip(repeats, base.shape)))
