@@ -149,7 +149,7 @@ def test_gather_takes_torch_and_tinygrad_argument_orders():
   with pytest.raises(TypeError, match="a dim and an index"): x.gather(idx)
   with pytest.raises(TypeError, match="a dim and an index"): x.gather(1, idx, dim=1)
 
-# a tuple inside an index is a list of ints, as in torch and numpy (a list is one index array, as numpy and torch >= 2.9 read it)
+# a tuple inside an index is a list of ints, as in torch and numpy (a list is one index array, as numpy reads it)
 SEQUENCE_INDICES = {
   "tuple_item": lambda i: ((1, 0), i), "nested_tuple_item": lambda i: (((0,),),), "tuple_item_with_none": lambda i: (1, (2, 1), None, i),
   "tensor_and_tuple": lambda i: (i, (1, 1)), "tensor_and_list": lambda i: (i, [1, 1]), "tuples_around_a_tensor": lambda i: ((0, 1), i, (3, 2)),

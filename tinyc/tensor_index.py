@@ -10,7 +10,7 @@ from tinyc.helpers import argsort, prod
 from tinyc.tensor_movement import normalize_axis
 
 BAD_INDEX = "only integers, slices (`:`), ellipsis (`...`), None and integer tensors or lists are valid indices"
-TENSORS_IN_LIST = ("a list holding tensors is not an index: a list is one index array (as numpy and torch >= 2.9 read it); to index "
+TENSORS_IN_LIST = ("a list holding tensors is not an index: a list is one index array (as numpy reads it, and torch says it will); to index "
                    "several dims, write a tuple, x[i, 1] or x[(i, 1)], not x[[i, 1]]")
 USE_GATHER = "as x.gather(dim, index) (torch's order) or x.gather(index, dim) (tinygrad's)"
 MASK_INDEX = ("indexing with a boolean mask makes a data-dependent shape, which a lazy tinyc graph cannot have: use mask.where(x, 0), "
