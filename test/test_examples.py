@@ -1,11 +1,21 @@
 """The examples work end to end on small data the tests make (no network)."""
-import gzip, struct, sys
+import gzip, os, struct, subprocess, sys
 from pathlib import Path
 import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
 import mnist  # noqa: E402
+from conftest import devices_to_test  # noqa: E402
+
+ROOT = Path(__file__).parent.parent
+
+def run_example(script, **environment):
+  """Run examples/<script> in a fresh process on tinyc from this checkout; returns its stdout."""
+  env = {**os.environ, "PYTHONPATH": str(ROOT), **environment}
+  proc = subprocess.run([sys.executable, str(ROOT / "examples" / script)], capture_output=True, text=True, env=env, timeout=300)
+  assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}\n{proc.stderr}"
+  return proc.stdout
 
 def write_idx(path, array, gzipped=True):
   codes = {np.uint8: 0x08, np.int8: 0x09, np.int16: 0x0B, np.int32: 0x0C, np.float32: 0x0D, np.float64: 0x0E}
@@ -61,3 +71,14 @@ def test_gpt_loss_falls_and_it_samples():
   assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 0.5, losses
   tokens = gpt.sample(model, np.array([vocab.index("T")], dtype=np.int32), 20, np.random.default_rng(0))
   assert len(tokens) == 20 and all(0 <= t < len(vocab) for t in tokens)
+
+@pytest.mark.parametrize("device", devices_to_test())
+def test_demo_names_the_language_of_the_source_it_prints(device):
+  out = run_example("demo.py", DEVICE=device)
+  language = {"LLVM": "LLVM IR", "GPU": "OpenCL C", "CUDA": "CUDA C"}[device]
+  assert f"{language} of relu(x @ w1 + b1)" in out, out
+  assert ("__kernel" in out) == (device == "GPU") and ("define " in out) == (device == "LLVM"), out
+
+def test_demo_counts_the_kernels_of_the_computation_under_beam(tmp_path):
+  out = run_example("demo.py", BEAM="2", BEAM_MAX_STEPS="1", CACHEDB=str(tmp_path / "beam.db"), DEVICE="LLVM")
+  assert "3 kernels planned" in out and "ran 3 kernels" in out, out

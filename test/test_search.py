@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tinyc import Tensor
 from tinyc.device import Device
-from tinyc.helpers import Context
+from tinyc.helpers import Context, GlobalCounters
 from tinyc.codegen.kernel import Kernel, Opt, OptOps
 from tinyc.codegen import search
 from tinyc.ops import LoadOps
@@ -42,6 +42,18 @@ def test_a_winner_that_differs_from_the_unoptimized_kernel_is_neither_used_nor_c
   x = np.arange(64, dtype=np.float32).reshape(8, 8)
   with Context(BEAM=2): np.testing.assert_allclose(Tensor(x).sum(1).numpy(), x.sum(1))
   assert not os.path.exists(os.environ["CACHEDB"]) or sqlite3.connect(os.environ["CACHEDB"]).execute("SELECT * FROM beam").fetchall() == []
+
+def test_a_search_adds_nothing_to_the_global_counters(tinyc_device):
+  # the counters tell what the computation ran: the search's timing and verification runs are not part of it
+  if Device[Device.DEFAULT].compile_binary is None: pytest.skip(f"{Device.DEFAULT} cannot build in worker processes")
+  a, b = matmul_inputs()
+  counts = []
+  for level in (0, 2):
+    Device[Device.DEFAULT].programs.clear()
+    GlobalCounters.reset()
+    with Context(BEAM=level): (Tensor(a) @ Tensor(b)).relu().softmax(-1).realize()
+    counts.append((GlobalCounters.kernel_count, GlobalCounters.global_mem))
+  assert counts[1] == counts[0], f"(kernels, bytes) with BEAM=2 {counts[1]} against {counts[0]} without"
 
 # ***** broken candidates: a fake build whose behaviour depends on the candidate (module-level, so workers can import it) *****
 

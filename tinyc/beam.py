@@ -115,10 +115,12 @@ def _random_buffers(device: str, kernel: Kernel) -> list[Buffer]:
   return buffers
 
 def outputs_match(device: Compiled, ast: LazyOp, opts: tuple[Opt, ...], buffers: list[Buffer]) -> bool:
-  """Whether `opts` give the unoptimized kernel's output on the random inputs (BEAM_VERIFY)."""
+  """Whether `opts` give the unoptimized kernel's output on the random inputs (BEAM_VERIFY). Like the timing runs, these runs are
+  launched directly, not through Program.__call__: they are the search's, so GlobalCounters does not count them."""
   results = []
   for candidate in ((), opts):
-    device.get_program(ast, candidate)(buffers)
+    program = device.get_program(ast, candidate)
+    program.run(*[buf.opaque for buf in buffers], global_size=program.global_size, local_size=program.local_size, wait=True)
     results.append(buffers[0].numpy().astype(np.float64))
   tolerance = 1e-2 if buffers[0].dtype in (dtypes.float16, dtypes.bfloat16) else 1e-3
   return bool(np.allclose(results[1], results[0], rtol=tolerance, atol=tolerance, equal_nan=True))
