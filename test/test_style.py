@@ -19,6 +19,27 @@ def test_sz_under_budget():
   proc = run("sz.py")
   assert proc.returncode == 0, f"`python sz.py` failed:\n{proc.stdout}{proc.stderr}"
 
+def test_sz_counts_code_tokens_per_line(tmp_path):
+  sys.path.insert(0, str(ROOT))
+  try: import sz
+  finally: sys.path.remove(str(ROOT))
+  source = tmp_path / "example.py"
+  source.write_text('"""A module docstring\nover two lines."""\nx = 1  # a comment\n\ndef f(a):\n  """A docstring."""\n  return a + 1\n')
+  assert sz.code_tokens(source) == (13, 3)  # x = 1 | def f ( a ) : | return a + 1: comments, docstrings and layout tokens skipped
+  lines = run("sz.py").stdout.splitlines()
+  assert "tokens/line" in lines[0], lines[0]
+  helpers = next(line for line in lines if line.startswith("tinyc/helpers.py")).split()
+  tokens, code_lines = sz.code_tokens(PACKAGE / "helpers.py")
+  assert helpers[2:] == [str(tokens), f"{tokens / code_lines:.1f}"], helpers
+
+def test_sz_exits_quietly_when_its_reader_closes_early():
+  # `python sz.py | head -3`: the reader goes away before sz.py writes
+  proc = subprocess.Popen([sys.executable, "sz.py"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  assert proc.stdout is not None and proc.stderr is not None
+  proc.stdout.close()
+  stderr = proc.stderr.read().decode()
+  assert proc.wait() == 0 and stderr == "", stderr
+
 def test_ci_runs_readme_test_command():
   readme_commands = [line.strip() for line in (ROOT / "README.md").read_text().splitlines() if "python -m pytest" in line]
   assert len(readme_commands) == 1, f"expected exactly one test command in README.md, found {readme_commands}"
