@@ -82,3 +82,15 @@ def test_demo_names_the_language_of_the_source_it_prints(device):
 def test_demo_counts_the_kernels_of_the_computation_under_beam(tmp_path):
   out = run_example("demo.py", BEAM="2", BEAM_MAX_STEPS="1", CACHEDB=str(tmp_path / "beam.db"), DEVICE="LLVM")
   assert "3 kernels planned" in out and "ran 3 kernels" in out, out
+
+def test_gpt_reports_where_its_time_went(capsys):
+  import gpt
+  gpt.main(["--steps", "3", "--context", "8", "--width", "16", "--layers", "1", "--heads", "2", "--tokens", "12"])
+  out = capsys.readouterr().out
+  trained = float(out.split("trained in ")[1].split(" s")[0])
+  sampled = float(out.split("sampled 12 tokens in ")[1].split(" s")[0])
+  total = float(out.split("total ")[1].split(" s")[0])
+  assert trained + sampled <= total + 0.1, out
+  # the window grows from the 11-character prompt "Return the " to the 8-token context at once: one new length, then the same
+  assert "1 token whose window length was new" in out and "11 other" in out, out
+  assert int(out.split("compiled ")[1].split(" kernels")[0]) > 0, out
