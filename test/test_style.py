@@ -1,4 +1,4 @@
-"""Housekeeping that CI enforces: ruff is clean, sz.py is under budget, the layering of DESIGN.md section 1 holds, mypy passes."""
+"""Housekeeping that CI enforces: ruff is clean, sz.py is under budget, the layering of docs/design.md section 1 holds, mypy passes."""
 from __future__ import annotations
 import ast, pathlib, subprocess, sys
 from typing import Iterator
@@ -51,7 +51,7 @@ def test_mypy_clean():
   proc = run("-m", "mypy")  # files and settings come from [tool.mypy] in pyproject.toml
   assert proc.returncode == 0, f"mypy failed:\n{proc.stdout}{proc.stderr}"
 
-# ***** layering (DESIGN.md section 1) *****
+# ***** layering (docs/design.md section 1) *****
 
 # Layer of each top-level tinyc module or subpackage, lowest first. A module may import from its own layer and lower ones.
 LAYERS: dict[str, int] = {
@@ -65,7 +65,7 @@ LAYERS: dict[str, int] = {
 TOP = 7  # the `tinyc` package itself (tinyc/__init__.py): only it may import anything
 # Optional third-party backends: only the runtime file that needs them imports them, so `import tinyc` works without them.
 BACKENDS = {"llvmlite", "pyopencl", "pycuda", "nvidia"}
-# the LLVM renderer builds IR text with llvmlite's pure-Python IR builder (DESIGN.md section 6); it loads no native code
+# the LLVM renderer builds IR text with llvmlite's pure-Python IR builder (docs/design.md section 1); it loads no native code
 RENDERER_IMPORTS = {"codegen/llvmir.py": "llvmlite.ir"}
 ALLOWED_EVERYWHERE = set(sys.stdlib_module_names) | {"numpy", "tinyc", "__future__"}
 
@@ -103,7 +103,7 @@ def test_layering():
   for path in SOURCES:
     this, where = module_name(path), path.relative_to(ROOT)
     if (this_layer := layer(this)) is None:
-      errors.append(f"{where}: module {this} has no layer: add it to LAYERS in test/test_style.py (and to DESIGN.md section 1)")
+      errors.append(f"{where}: module {this} has no layer: add it to LAYERS in test/test_style.py (and to docs/design.md section 1)")
       continue
     for line, target, _ in imports(path):
       if target.split(".")[0] != "tinyc" or this_layer == TOP: continue
@@ -111,7 +111,7 @@ def test_layering():
       elif target_layer > this_layer:
         errors.append(f"{where}:{line}: {this} (layer {this_layer}) imports {target} (layer {target_layer}): imports go downward only; "
                       "pass what the lower layer needs in as an argument instead")
-  assert not errors, "layering violations (DESIGN.md section 1):\n" + "\n".join(errors)
+  assert not errors, "layering violations (docs/design.md section 1):\n" + "\n".join(errors)
 
 def test_no_tinyc_import_inside_functions():
   errors = [f"{path.relative_to(ROOT)}:{line}: imports {target} inside a function: import at the top of the module; a cycle means a layering problem"
