@@ -130,10 +130,10 @@ def main(argv: list[str] | None = None) -> None:
     counts[new_length] += 1
   print("sample:\n" + prompt_text + "".join(vocab[t] for t in tokens))
   sampling_s = seconds[True] + seconds[False]
-  print(f"sampled {args.tokens} tokens in {sampling_s:.1f} s: {seconds[True]:.1f} s for the {counts[True]} token"
-        f"{'s' if counts[True] != 1 else ''} whose window length was new, which compiled {len(programs) - programs_before} kernels "
-        f"(each new length is a new shape; symbolic shapes, which would reuse kernels, come later), {seconds[False]:.1f} s for the "
-        f"{counts[False]} other{'s' if counts[False] != 1 else ''}")
+  print(f"sampled {args.tokens} tokens in {sampling_s:.1f} s: {seconds[True]:.1f} s for the {counts[True]} whose window length was new, "
+        f"{seconds[False]:.1f} s for the {counts[False]} other{'s' if counts[False] != 1 else ''}")
+  print(f"  a new window length is a new shape: sampling compiled {len(programs) - programs_before} kernels "
+        "(symbolic shapes, which would reuse them, come later)")
   print(f"total {time.perf_counter() - started:.1f} s (training {training_s:.1f} s, sampling {sampling_s:.1f} s)")
 
 if __name__ == "__main__":

@@ -92,5 +92,5 @@ def test_gpt_reports_where_its_time_went(capsys):
   total = float(out.split("total ")[1].split(" s")[0])
   assert trained + sampled <= total + 0.1, out
   # the window grows from the 11-character prompt "Return the " to the 8-token context at once: one new length, then the same
-  assert "1 token whose window length was new" in out and "11 other" in out, out
+  assert "for the 1 whose window length was new" in out and "for the 11 others" in out, out
   assert int(out.split("compiled ")[1].split(" kernels")[0]) > 0, out
