@@ -25,19 +25,17 @@ def crossentropy(labels: list[int], framework=nn) -> Tensor | torch.Tensor:
   return tF.cross_entropy(torch.tensor(logits), torch.tensor(labels))
 
 ARANGE = np.arange(5, dtype=np.int32)
+X, TX, T = Tensor(ARANGE), torch.tensor(ARANGE), torch.tensor
 # name: (tinyc result, torch's call, the bad value and the size the message must name)
 BAD = {
-  "getitem": (lambda: Tensor(ARANGE)[Tensor([1, 7])], lambda: torch.tensor(ARANGE)[torch.tensor([1, 7])], "7", "size 5"),
-  "getitem_negative": (lambda: Tensor(ARANGE)[Tensor([-9])], lambda: torch.tensor(ARANGE)[torch.tensor([-9])], "-9", "size 5"),
-  "getitem_dim1": (lambda: Tensor.ones(3, 4)[:, Tensor([[0], [4]])], lambda: torch.ones(3, 4)[:, torch.tensor([[0], [4]])], "4", "size 4"),
-  "getitem_second_of_two": (lambda: Tensor.ones(3, 4)[Tensor([0, 2]), Tensor([1, 6])], lambda: torch.ones(3, 4)[torch.tensor([0, 2]), torch.tensor([1, 6])],
-                            "6", "size 4"),
-  "getitem_int64": (lambda: Tensor(ARANGE)[Tensor(np.array([2 ** 40]))], lambda: torch.tensor(ARANGE)[torch.tensor([2 ** 40])], str(2 ** 40), "size 5"),
-  "getitem_uint8": (lambda: Tensor(ARANGE)[Tensor(np.array([3, 200], np.uint8))], lambda: torch.tensor(ARANGE)[torch.tensor([3, 200])], "200", "size 5"),
-  "gather": (lambda: Tensor([1.0, 2.0, 3.0]).gather(Tensor([0, 5]), 0), lambda: torch.tensor([1.0, 2.0, 3.0]).gather(0, torch.tensor([0, 5])),
-             "5", "size 3"),
-  "gather_negative": (lambda: Tensor([[1.0, 2.0, 3.0]]).gather(Tensor([[-1]]), 1), lambda: torch.tensor([[1.0, 2.0, 3.0]]).gather(1, torch.tensor([[-1]])),
-                      "-1", "size 3"),
+  "getitem": (lambda: X[Tensor([1, 7])], lambda: TX[T([1, 7])], "7", "size 5"),
+  "getitem_negative": (lambda: X[Tensor([-9])], lambda: TX[T([-9])], "-9", "size 5"),
+  "getitem_dim1": (lambda: Tensor.ones(3, 4)[:, Tensor([[0], [4]])], lambda: torch.ones(3, 4)[:, T([[0], [4]])], "4", "size 4"),
+  "getitem_second_of_two": (lambda: Tensor.ones(3, 4)[Tensor([0, 2]), Tensor([1, 6])], lambda: torch.ones(3, 4)[T([0, 2]), T([1, 6])], "6", "size 4"),
+  "getitem_int64": (lambda: X[Tensor(np.array([2 ** 40]))], lambda: TX[T([2 ** 40])], str(2 ** 40), "size 5"),
+  "getitem_uint8": (lambda: X[Tensor(np.array([3, 200], np.uint8))], lambda: TX[T([3, 200])], "200", "size 5"),
+  "gather": (lambda: Tensor([1.0, 2.0, 3.0]).gather(Tensor([0, 5]), 0), lambda: T([1.0, 2.0, 3.0]).gather(0, T([0, 5])), "5", "size 3"),
+  "gather_negative": (lambda: Tensor([[1.0, 2.0, 3.0]]).gather(Tensor([[-1]]), 1), lambda: T([[1.0, 2.0, 3.0]]).gather(1, T([[-1]])), "-1", "size 3"),
   "embedding": (lambda: embedding([0, 9]), lambda: embedding([0, 9], torch.nn), "9", "5"),
   "embedding_negative": (lambda: embedding([-1]), lambda: embedding([-1], torch.nn), "-1", "5"),
   "crossentropy": (lambda: crossentropy([0, 7]), lambda: crossentropy([0, 7], torch.nn), "7", "3 classes"),
@@ -93,7 +91,8 @@ def test_ignore_index_labels_do_not_raise():
     loss = Tensor(logits).sparse_categorical_crossentropy(Tensor(labels), ignore_index=ignore).item()
     want = tF.cross_entropy(torch.tensor(logits), torch.tensor(labels), ignore_index=ignore).item()
     np.testing.assert_allclose(loss, want, rtol=1e-6)
-  with pytest.raises(IndexError, match="Target -1 is out of bounds"): Tensor(logits).sparse_categorical_crossentropy(Tensor([0, -1, 2, 1]), -100).item()
+  with pytest.raises(IndexError, match="Target -1 is out of bounds"):
+    Tensor(logits).sparse_categorical_crossentropy(Tensor([0, -1, 2, 1]), ignore_index=-100).item()
 
 def test_jit_replay_checks_every_call():
   """The check kernels are captured with the step: a bad id on the 4th call (a replay) raises at that call's return."""
@@ -104,7 +103,8 @@ def test_jit_replay_checks_every_call():
   good_ids, good_labels = np.array([[0, 5, 2]], np.int32), np.array([[1, 2, 0]], np.int32)
   for _ in range(3): step(Tensor(good_ids), Tensor(good_labels))
   assert step.calls == 2
-  with pytest.raises(IndexError, match="index out of range in self.* 6 .*CHECK_INDEX=0"): step(Tensor(np.array([[0, 6, 2]], np.int32)), Tensor(good_labels))
+  bad_ids = np.array([[0, 6, 2]], np.int32)
+  with pytest.raises(IndexError, match="index out of range in self.* 6.*CHECK_INDEX=0"): step(Tensor(bad_ids), Tensor(good_labels))
   with pytest.raises(IndexError, match="Target 3 is out of bounds"): step(Tensor(good_ids), Tensor(np.array([[1, 3, 0]], np.int32)))
   step(Tensor(good_ids), Tensor(good_labels)).numpy()  # a good call after a bad one is clean
   assert step.calls == 2, "the function was replayed, not run again"
