@@ -100,11 +100,14 @@ class IndexMixin:
     """Check that low <= every value of this index tensor < high (values equal to `ignore` pass) where data next reaches the host,
     raising IndexOutOfRangeError(message with {value} replaced by a bad value). One small reduce kernel: the largest and smallest value."""
     if not CHECK_INDEX or self.numel() == 0: return
-    values = self.detach() if ignore is None else (self == ignore).where(low, self.detach())
-    if values.dtype == dtypes.bool: values = values.cast(dtypes.int32)
-    flat = values.reshape(-1)
-    # the smallest value as the largest of its bitwise NOT (-x would overflow at the dtype's minimum), so one reduce finds both
-    extremes = type(self).stack([flat, flat ^ -1 if dtypes.is_int(flat.dtype) else -flat]).max(1)
+    flat = self.detach().reshape(-1)
+    if flat.dtype == dtypes.bool: flat = flat.cast(dtypes.int32)
+    is_int = dtypes.is_int(flat.dtype)
+    def counted(values: Any, in_range: int) -> Any:  # != as < or >: CMPEQ under the stack's pad would be stored first (schedule rule 4)
+      return values if ignore is None else ((flat < ignore) | (flat > ignore)).where(values, in_range)
+    # the smallest value as the largest of its bitwise NOT (-x would overflow at the dtype's minimum), so that one reduce finds both;
+    # each row is built on its own, as a value both read through the stack's pad would be stored by a kernel of its own first
+    extremes = type(self).stack([counted(flat, low), counted(flat ^ -1, ~low) if is_int else counted(-flat, -low)]).max(1)
     index_check.add(extremes.lazydata, low, high, message)
 
   def _one_hot(self: Any, plan: IndexPlan) -> OneHot:
