@@ -65,6 +65,7 @@ def Context(**settings: Any) -> Iterator[None]:
 
 DEBUG, BEAM, NOOPT, CI = ContextVar("DEBUG", 0), ContextVar("BEAM", 0), ContextVar("NOOPT", 0), ContextVar("CI", "")
 CPU_THREADS = ContextVar("CPU_THREADS", 0)  # threads a CPU kernel may use; 0: one per core this process may run on, 1: serial
+CHECK_INDEX = ContextVar("CHECK_INDEX", 1)  # 0: index tensors are not checked for out-of-range values (index_check.py), which then read 0
 
 class GlobalCounters:
   """What the realizes since the last reset() ran: kernels, FLOPs, bytes moved, seconds spent in kernels."""

@@ -1,5 +1,5 @@
 """Layer 5: runs a schedule: allocates each output, performs load ops, and launches each kernel's compiled program.
-Imports helpers, dtype, ops, device, beam, lazy, schedule.
+Imports helpers, dtype, ops, device, beam, lazy, schedule, index_check.
 """
 from __future__ import annotations
 from typing import Callable
@@ -9,6 +9,7 @@ from tinyc.device import Buffer, Device, Program, copy_buffer
 from tinyc.beam import beam_opts
 from tinyc.lazy import LazyBuffer
 from tinyc.schedule import create_schedule
+from tinyc import index_check
 
 Step = tuple[Callable[[list[Buffer]], None], list[Buffer]]  # something that ran (a program or a copy) and its buffers
 capturing: list[list[Step]] = []  # while TinyJit captures, every step run is also appended to capturing[-1]
@@ -33,9 +34,16 @@ def _run(step: Callable[[list[Buffer]], None], buffers: list[Buffer | None]) -> 
   if capturing: capturing[-1].append((step, buffers))  # type: ignore[arg-type]
 
 def realize(outs: list[LazyBuffer]) -> None:
-  """Compute every output that is not yet realized, fusing the graph under them into kernels."""
-  schedule = create_schedule(outs)
-  if not schedule: return
-  kernels_before = GlobalCounters.kernel_count
-  run_schedule(schedule)
+  """Compute every output that is not yet realized, fusing the graph under them into kernels. The index checks made since the last
+  realize are computed in the same schedule (index_check.py)."""
+  checks = index_check.claim()
+  try:
+    schedule = create_schedule(outs + [check.extremes for check in checks])
+    if not schedule: return
+    kernels_before = GlobalCounters.kernel_count
+    run_schedule(schedule)
+  except BaseException:
+    index_check.release(checks)
+    raise
   if DEBUG >= 1: print(f"realized {len(outs)} output(s) with {GlobalCounters.kernel_count - kernels_before} kernel(s)")
+  index_check.read_pending(only_if_over_limit=True)

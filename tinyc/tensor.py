@@ -11,6 +11,7 @@ from tinyc.ops import BinaryOps, LoadOps
 from tinyc.device import Device
 from tinyc.lazy import LazyBuffer
 from tinyc.realize import realize
+from tinyc import index_check
 from tinyc import function as F
 from tinyc.tensor_movement import MovementMixin
 from tinyc.tensor_index import IndexMixin
@@ -86,12 +87,14 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
     """Compute several tensors in one schedule, so shared work runs once."""
     realize([t.lazydata for t in tensors])
   def numpy(self) -> np.ndarray:
-    """The values as a numpy array of exactly this shape (bfloat16 comes back as float32)."""
+    """The values as a numpy array of exactly this shape (bfloat16 comes back as float32). Raises IndexOutOfRangeError if an index
+    tensor used since the last read of the host had a value out of range (index_check.py)."""
     if self.numel() == 0: return np.zeros(self.shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else self.dtype.np)
     data = self.lazydata
     # a contiguous view of its whole base (a plain reshape) is read as it is; anything else is copied out by a kernel first
     if not (data.base is data or (data.st.contiguous and prod(data.shape) == prod(data.base.shape))): data = data.contiguous()
     realize([data])
+    index_check.read_pending()
     assert data.base.realized is not None
     return data.base.realized.numpy().reshape(self.shape)
   def item(self) -> Scalar:
