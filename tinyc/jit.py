@@ -52,7 +52,8 @@ class TinyJit(Generic[ReturnType]):
         raise JitError(f"TinyJit {self.fn.__name__}: this call's inputs {signature} differ from the captured {self.signature}; "
                        "the captured kernels would compute the wrong thing. Call .reset() to capture again.")
       return self._replay([t.lazydata.realized for t in inputs])  # type: ignore[misc]
-    with capture() if self.calls == 1 else contextlib.nullcontext([]) as steps:
+    recording: contextlib.AbstractContextManager[list[Step]] = capture() if self.calls == 1 else contextlib.nullcontext([])
+    with recording as steps:
       result = self.fn(*args, **kwargs)
       Tensor.corealize(_tensors_in(result))
     if self.calls == 1:

@@ -25,7 +25,8 @@ _computing: dict[LazyBuffer, threading.Lock] = {}  # base -> a lock its computin
 def capture() -> Iterator[list[Step]]:
   """Record every step (kernel or copy) this thread runs inside the block, in order; other threads' steps are not recorded."""
   stack: list[list[Step]] = _captures.__dict__.setdefault("stack", [])
-  stack.append(steps := [])
+  steps: list[Step] = []
+  stack.append(steps)
   try: yield steps
   finally: stack.pop()
 
