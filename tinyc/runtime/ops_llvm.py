@@ -101,9 +101,11 @@ def run_ranges(function: Callable[..., None], pointers: list[ctypes.c_void_p], r
   """function(*pointers, start, end) for every range at once: the first on this thread, the others on pool threads. Returns when
   all have finished, so no thread still writes a buffer after its kernel has returned."""
   bounds = [(ctypes.c_int64(start), ctypes.c_int64(end)) for start, end in ranges]
-  with _pool_lock:  # no other thread replaces the pool between getting it and submitting to it
-    pool = worker_pool(len(ranges) - 1)
-    futures = [pool.submit(function, *pointers, *range_bounds) for range_bounds in bounds[1:]]
+  futures: list[concurrent.futures.Future] = []
+  if len(bounds) > 1:
+    with _pool_lock:  # no other thread replaces the pool between getting it and submitting to it
+      pool = worker_pool(len(bounds) - 1)
+      futures = [pool.submit(function, *pointers, *range_bounds) for range_bounds in bounds[1:]]
   try: function(*pointers, *bounds[0])
   finally: join(futures)
   for future in futures: future.result()  # raise what a worker raised
