@@ -154,12 +154,12 @@ class Compiled:
     with self._lock: compiling = self._compiling.setdefault((ast, opts), threading.Lock())
     try:
       with compiling:
-        if (program := self.programs.get((ast, opts))) is None: self.programs[(ast, opts)] = program = self._compile(ast, opts)
+        if (program := self.programs.get((ast, opts))) is None: self.programs[(ast, opts)] = program = self._build_program(ast, opts)
     finally:
       with self._lock: self._compiling.pop((ast, opts), None)
     return program
 
-  def _compile(self, ast: LazyOp, opts: tuple[Opt, ...] | None) -> Program:
+  def _build_program(self, ast: LazyOp, opts: tuple[Opt, ...] | None) -> Program:
     kernel = Kernel(ast, self.target)
     kernel.print_ast()
     if opts is None: hand_coded_optimizations(kernel)
