@@ -4,9 +4,12 @@ against the unoptimized kernel and caches it. Imports helpers, dtype, ops, codeg
 codegen/search.py owns the search, its workers and its cache; this module gives it the two device-specific functions it needs:
 `build_candidate` (run in a worker: render + compile to a binary, no device needed) and a `measure` closure (run here: load the
 binary, launch it on the device, take the fastest of a few runs).
+
+One search runs at a time in a process: searches from several threads would share the worker pool (whose pipes carry one job
+at a time) and time their candidates against each other's kernels. A thread that needs a kernel another is searching waits for it.
 """
 from __future__ import annotations
-import hashlib, math, sys, time
+import hashlib, math, sys, threading, time
 from typing import Any, Callable
 import numpy as np
 from tinyc.dtype import dtypes
@@ -32,17 +35,20 @@ def build_candidate(ast: LazyOp, opts: tuple[Opt, ...], target: KernelTarget, th
   return name, source, compile_binary(name, source), lowered.global_size, lowered.local_size, lowered.flops, lowered.mem_bytes
 
 _chosen: dict[tuple[str, LazyOp], tuple[Opt, ...]] = {}
+_searching = threading.Lock()
 
 def beam_opts(device: Compiled, ast: LazyOp) -> tuple[Opt, ...]:
   """The Opts BEAM=n chose for this kernel: from this process's memory, the on-disk cache, or a new search."""
-  if (device.name, ast) in _chosen: return _chosen[(device.name, ast)]
-  key = cache_key(ast, f"{device.name}|{device.arch}|{getattr(device.render, '__name__', '')}")
-  opts = cache_get(key)
-  if opts is not None and not _applies(ast, opts, device.target): opts = None  # written by another version of tinyc: search again
-  if opts is None:
-    opts, verified = search(device, ast)
-    if verified: cache_put(key, opts)
-  _chosen[(device.name, ast)] = opts
+  if (opts := _chosen.get((device.name, ast))) is not None: return opts
+  with _searching:
+    if (opts := _chosen.get((device.name, ast))) is not None: return opts
+    key = cache_key(ast, f"{device.name}|{device.arch}|{getattr(device.render, '__name__', '')}")
+    opts = cache_get(key)
+    if opts is not None and not _applies(ast, opts, device.target): opts = None  # written by another version of tinyc: search again
+    if opts is None:
+      opts, verified = search(device, ast)
+      if verified: cache_put(key, opts)
+    _chosen[(device.name, ast)] = opts
   return opts
 
 def _applies(ast: LazyOp, opts: tuple[Opt, ...], target: KernelTarget) -> bool:

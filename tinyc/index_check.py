@@ -6,12 +6,14 @@ computes the checks made since the last one in its own schedule (one small reduc
 index), and the next point where data reaches the host (Tensor.numpy, and so item and tolist; a TinyJit call's return) reads
 them and raises IndexOutOfRangeError for a value out of range. TinyJit captures the check kernels with the step, and re-reads
 their results after each replay. The registry is process-wide and locked; a check is dropped once read, and once more than
-MAX_PENDING computed checks wait, a realize reads them, so a loop that never reads the host does not pile them up.
+MAX_PENDING computed checks wait, a realize reads them, so a loop that never reads the host does not pile them up. The registry
+is not per thread: a bad index one thread made may raise at the next host read of another.
 """
 from __future__ import annotations
 import os, sys, threading
 from typing import NamedTuple
 import numpy as np
+from tinyc.helpers import ThreadRecorder
 from tinyc.lazy import LazyBuffer
 
 MAX_PENDING = 64
@@ -38,7 +40,7 @@ class IndexCheck(NamedTuple):
 _lock = threading.Lock()
 _unscheduled: list[IndexCheck] = []     # made since the last realize
 _scheduled: list[IndexCheck] = []       # handed to a realize, not yet read
-recording: list[list[IndexCheck]] = []  # while TinyJit captures, every check made is also appended to recording[-1]
+checks_made: ThreadRecorder[IndexCheck] = ThreadRecorder()  # TinyJit's capture: `with checks_made.record() as checks:`
 
 def add(extremes: LazyBuffer, low: int, high: int, message: str) -> None:
   """Check low <= index < high through the index's `extremes` (see IndexCheck); message names the op, with {value} for the bad value."""
@@ -47,7 +49,7 @@ def add(extremes: LazyBuffer, low: int, high: int, message: str) -> None:
   check = IndexCheck(extremes, low, high, f"{message} (made at {_user_line()}; {hint})")
   with _lock:
     _unscheduled.append(check)
-    if recording: recording[-1].append(check)
+  checks_made.note(check)
 
 def claim() -> list[IndexCheck]:
   """The checks no realize has computed yet, for the caller's realize to compute."""

@@ -4,15 +4,17 @@ Imports helpers, device, realize, index_check, tensor.
 The first call runs normally (compiling every kernel), the second runs again while recording each launch and its
 buffers, and later calls replay the recording with the new inputs' buffers swapped in (on CUDA as one graph launch).
 Everything the function computes must be realized by the time it returns (returned tensors are realized here; optimizers
-realize what they update). The index checks the function makes (index_check.py) are captured with it: every call's return reads
-them, a replay's too, and raises for an index out of range.
+realize what they update). The capture records only the calling thread's kernels; calls of one TinyJit from several threads
+take turns (a replay swaps its inputs into the shared recording, and every call returns the same output buffers). The index
+checks the function makes (index_check.py) are captured with it: every call's return reads them, a replay's too, and raises
+for an index out of range.
 """
 from __future__ import annotations
-import functools
+import contextlib, functools, threading
 from typing import Any, Callable, Generic, TypeVar
 from tinyc.helpers import DEBUG
 from tinyc.device import Buffer, Device
-from tinyc.realize import Step, capturing
+from tinyc.realize import Step, steps_run
 from tinyc import index_check
 from tinyc.index_check import IndexCheck
 from tinyc.tensor import Tensor
@@ -25,6 +27,7 @@ class JitError(RuntimeError):
 class TinyJit(Generic[ReturnType]):
   def __init__(self, fn: Callable[..., ReturnType]) -> None:
     self.fn = fn
+    self.lock = threading.RLock()  # reentrant, as calling the function from inside itself was before
     self.reset()
     functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
@@ -41,6 +44,9 @@ class TinyJit(Generic[ReturnType]):
   def __get__(self, instance: Any, owner: Any) -> Any: return functools.partial(self.__call__, instance)  # decorating a method
 
   def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
+    with self.lock: return self._call(*args, **kwargs)
+
+  def _call(self, *args: Any, **kwargs: Any) -> ReturnType:
     inputs = [value for value in list(args) + list(kwargs.values()) if isinstance(value, Tensor)]
     for tensor in inputs:  # an input must be its own realized buffer: that buffer is what replays swap in
       if tensor.lazydata.base is not tensor.lazydata or tensor.lazydata.realized is None: tensor.lazydata = tensor.contiguous().realize().lazydata
@@ -51,16 +57,14 @@ class TinyJit(Generic[ReturnType]):
         raise JitError(f"TinyJit {self.fn.__name__}: this call's inputs {signature} differ from the captured {self.signature}; "
                        "the captured kernels would compute the wrong thing. Call .reset() to capture again.")
       return self._replay([t.lazydata.realized for t in inputs])  # type: ignore[misc]
-    if self.calls == 1:
-      Tensor.corealize([])  # index checks made before this call run now, not as part of the capture
-      capturing.append([])
-      index_check.recording.append([])
-    try:
+    capturing = self.calls == 1
+    if capturing: Tensor.corealize([])  # index checks made before this call run now, not as part of the capture
+    step_record: contextlib.AbstractContextManager[list[Step]] = steps_run.record() if capturing else contextlib.nullcontext([])
+    check_record: contextlib.AbstractContextManager[list[IndexCheck]] = index_check.checks_made.record() if capturing else contextlib.nullcontext([])
+    with step_record as steps, check_record as checks:
       result = self.fn(*args, **kwargs)
       Tensor.corealize(_tensors_in(result))  # computes the index checks the function made, too
-    finally:
-      steps, checks = (capturing.pop(), index_check.recording.pop()) if self.calls == 1 else ([], [])
-    if self.calls == 1:
+    if capturing:
       input_buffers = [t.lazydata.realized for t in inputs]
       self.steps, self.signature, self.result, self.checks = steps, signature, result, checks
       self.graph = _device_graph(steps)

@@ -8,6 +8,7 @@ across CPU threads, the outermost global loop gidx0 runs over [start, end) given
 from __future__ import annotations
 import contextlib
 import math
+import threading
 from typing import Any, Callable
 import llvmlite.ir as ir
 from tinyc.dtype import DType, dtypes
@@ -128,9 +129,16 @@ def _to_memory(builder: ir.IRBuilder, value: ir.Value, dtype: DType) -> ir.Value
     return builder.trunc(builder.lshr(rounded, ir.Constant(ir.IntType(32), 16)), ir.IntType(16))
   return value
 
+# llvmlite is not thread-safe as a whole: llvmlite.ir fills tables on first use (its string-escape map), and llvmlite.binding locks
+# each call into LLVM but not a sequence of them. Every use of llvmlite, here and in runtime/ops_llvm.py, holds this lock.
+LLVMLITE_LOCK = threading.Lock()
+
 def render_llvm(function_name: str, uops: list[UOp]) -> str:
   """LLVM IR of `void function_name(ptr data0, ptr data1, ..., i64 start, i64 end)` for these UOps; start and end (only for a
   kernel that cpu_split.outer_split splits) bound the gidx0 loop, and the caller must keep start < end (loops are do-while)."""
+  with LLVMLITE_LOCK: return _render_llvm(function_name, uops)
+
+def _render_llvm(function_name: str, uops: list[UOp]) -> str:
   module = ir.Module(name=function_name)
   buffers = [uop for uop in uops if uop.op is UOps.DEFINE_GLOBAL]
   outer_loop = next((uop for uop in uops if uop.op is UOps.LOOP and uop.arg[0] == "gidx0"), None) if outer_split(uops) else None

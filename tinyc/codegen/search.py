@@ -48,7 +48,8 @@ class CompilePool:
   """Worker processes that run build jobs: `job(*args)` for a picklable module-level function. A job that raises gives None; a
   worker that crashes or runs past `timeout_s` is killed and replaced, and its job gives None too. Workers are fresh Python
   processes (`python -c ...worker_main()`) talking pickle over pipes: not forks (the parent may hold a GPU context and
-  thread-pool locks) and not multiprocessing's spawn (which re-runs the user's unguarded __main__ script)."""
+  thread-pool locks) and not multiprocessing's spawn (which re-runs the user's unguarded __main__ script). One map at a time:
+  beam.py runs one search at a time in a process."""
   def __init__(self, workers: int, timeout_s: float) -> None:
     self.size, self.timeout_s = workers, timeout_s
     self.workers: list[subprocess.Popen] = []
