@@ -1,4 +1,4 @@
-"""Layer 5: index checks that wait for their values. Imports lazy.
+"""Layer 5: index checks that wait for their values. Imports helpers, lazy.
 
 An op that indexes with a Tensor (x[t], x[t] = v, gather, nn.Embedding, a loss's labels) cannot check the index values when
 it is built: they are lazy. So it registers an IndexCheck, a small lazy value holding the index's extremes. Every realize
