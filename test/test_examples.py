@@ -12,7 +12,8 @@ ROOT = Path(__file__).parent.parent
 
 def run_example(script, **environment):
   """Run examples/<script> in a fresh process on tinyc from this checkout; returns its stdout."""
-  env = {**os.environ, "PYTHONPATH": str(ROOT), **environment}
+  path = os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))  # keep where deps were put
+  env = {**os.environ, "PYTHONPATH": path, **environment}
   proc = subprocess.run([sys.executable, str(ROOT / "examples" / script)], capture_output=True, text=True, env=env, timeout=300)
   assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}\n{proc.stderr}"
   return proc.stdout
