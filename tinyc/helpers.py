@@ -6,7 +6,7 @@ Glossary of the abbreviations used across tinyc:
   ptr   pointer to a buffer   np    numpy             gidx  global loop index     ridx reduce loop index
 """
 from __future__ import annotations
-import contextlib, contextvars, functools, itertools, operator, os, threading, time
+import contextlib, contextvars, functools, itertools, operator, os, sys, threading, time
 from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -114,6 +114,11 @@ class Timing(contextlib.ContextDecorator):
   def __exit__(self, *exc: Any) -> None:
     self.elapsed_ns = time.perf_counter_ns() - self.start
     if self.enabled: print(f"{self.prefix}{self.elapsed_ns * 1e-6:.2f} ms")
+
+@functools.lru_cache(maxsize=None)
+def warn_once(message: str) -> None:
+  """Print `message` to stderr the first time this process gives it (a cache location that cannot be used, for one)."""
+  print(f"tinyc: {message}", file=sys.stderr)
 
 def colored(text: str, color: str | None) -> str:
   codes = {"red": 31, "green": 32, "yellow": 33, "blue": 34, "magenta": 35, "cyan": 36, "white": 37}

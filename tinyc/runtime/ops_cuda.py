@@ -2,16 +2,14 @@
 copies, launches, events), NVRTC for compiling to a cubin of the device's own architecture. Imports helpers, device,
 codegen/, runtime/nvrtc; pycuda appears only here.
 
-Compiled cubins are cached on disk under CACHE_DIR/cuda (default ~/.cache/tinyc), keyed by source, architecture and NVRTC
-version, and written atomically (a temporary file, then a rename), so an interrupted run never leaves a corrupt entry.
+Compiled cubins are cached on disk by runtime/nvrtc.py (cached_cubin).
 
 Threads: a new Python thread has no current CUDA context, and pycuda refuses every call without one, so every entry point that
 touches the driver (allocation, copies, module loads, launches, events, graphs) first makes the device's primary context
 current on its thread (PRIMARY.make_current(): once per thread, then one attribute lookup).
 """
 from __future__ import annotations
-import atexit, ctypes, ctypes.util, functools, hashlib, os, re, struct, tempfile, threading
-from pathlib import Path
+import atexit, ctypes, ctypes.util, functools, re, struct, threading
 from typing import Any, Callable
 import numpy as np
 import pycuda.driver as cuda
@@ -19,7 +17,7 @@ from tinyc.helpers import DEBUG, GlobalCounters, getenv
 from tinyc.codegen.kernel import GPU_MAX_UPCAST, KernelTarget
 from tinyc.device import Allocator, Buffer, Compiled, CompileError, Program
 from tinyc.codegen.cstyle import render_cuda
-from tinyc.runtime.nvrtc import compile_cuda, nvrtc_version
+from tinyc.runtime.nvrtc import cached_cubin, compile_cuda
 
 class PrimaryContext:
   """The device's primary context, the one the CUDA runtime (and so PyTorch) uses: a context of our own would be swapped out
@@ -66,24 +64,6 @@ class CUDAAllocator(Allocator):
   def copyout(self, dest: memoryview, src: Any) -> None:
     PRIMARY.make_current()
     cuda.memcpy_dtoh(np.frombuffer(dest, dtype=np.uint8), src)
-
-def cache_dir() -> Path: return Path(getenv("CACHE_DIR", str(Path.home() / ".cache" / "tinyc"))) / "cuda"
-
-def cached_cubin(name: str, source: str, arch: str) -> bytes:
-  """The cubin for `source`, from the disk cache or freshly compiled (then stored)."""
-  key = hashlib.sha256(f"{arch}\0{nvrtc_version()}\0{source}".encode()).hexdigest()
-  path = cache_dir() / f"{key}.cubin"
-  try: return path.read_bytes()
-  except OSError: pass
-  cubin = compile_cuda(name, source, arch, "cubin")
-  try:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".part")
-    with os.fdopen(handle, "wb") as out: out.write(cubin)
-    os.replace(temporary, path)
-  except OSError as error:  # a read-only or full disk only costs the cache
-    if DEBUG >= 1: print(f"tinyc: could not cache {name} in {path.parent}: {error}")
-  return cubin
 
 class CUDACompiler:
   def __init__(self, device: Any) -> None:
