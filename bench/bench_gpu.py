@@ -14,7 +14,7 @@ import numpy as np
 from tinyc import Tensor, Device, GlobalCounters, dtypes
 from tinyc.device import Program
 from tinyc.jit import TinyJit
-from tinyc.realize import capturing
+from tinyc.realize import steps_run
 from tinyc.runtime.nvrtc import compile_cuda
 from tinyc.codegen.cstyle import render_cuda
 from tinyc.codegen.kernel import Kernel
@@ -32,9 +32,7 @@ def tinyc_kernel_seconds(make: Callable[[], Tensor], repeats: int) -> float:
   make().realize()
   first_realize_s.append(time.perf_counter() - started)
   if Device.DEFAULT == "CUDA":  # tinyc launches on the primary context's default stream, the one torch's events are recorded on
-    capturing.append([])
-    try: make().realize()
-    finally: steps = capturing.pop()
+    with steps_run.record() as steps: make().realize()
     graph = Device["CUDA"].graph(steps)
     return torch_seconds(lambda: graph([]) if graph is not None else [run(buffers) for run, buffers in steps], repeats)
   times = []

@@ -1,10 +1,13 @@
-"""The pipeline at work: a small MLP forward pass and a softmax, built lazily, fused into a few kernels, compiled with LLVM
-and checked against numpy. Run it as `python examples/demo.py`; `DEBUG=2` shows each kernel, `DEBUG=4` the generated IR.
+"""The pipeline at work: a small MLP forward pass and a softmax, built lazily, fused into a few kernels, compiled for the
+default device and checked against numpy. Run it as `python examples/demo.py` (`GPU=1` or `CUDA=1` for another device);
+`DEBUG=2` shows each kernel, `DEBUG=4` the generated source.
 """
 import numpy as np
 from tinyc import Tensor, Device, GlobalCounters
 from tinyc.helpers import Context
 from tinyc.schedule import create_schedule
+
+SOURCE_LANGUAGE = {"LLVM": "LLVM IR", "GPU": "OpenCL C", "CUDA": "CUDA C"}  # what each device's renderer emits
 
 def main() -> None:
   rng = np.random.default_rng(0)
@@ -31,7 +34,7 @@ def main() -> None:
   assert error < 1e-5, "tinyc disagrees with numpy"
 
   # 4. the code of one fused kernel: relu(x @ w + b) is a single loop nest
-  print("\nLLVM IR of relu(x @ w1 + b1) (DEBUG=4 prints this for every kernel):")
+  print(f"\n{SOURCE_LANGUAGE[Device.DEFAULT]} of relu(x @ w1 + b1) (DEBUG=4 prints this for every kernel):")
   with Context(DEBUG=4): (Tensor(x[:4, :8]) @ Tensor(w1[:8, :4]) + Tensor(b1[:4])).relu().realize()
 
 if __name__ == "__main__":

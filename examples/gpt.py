@@ -1,11 +1,12 @@
 """A tiny character-level GPT trained on the docstrings of Python's standard library (offline), then sampled.
 
-  python examples/gpt.py [--steps 400] [--context 64] [--width 96] [--layers 2] [--heads 4]
+  python examples/gpt.py [--steps 400] [--context 64] [--width 96] [--layers 2] [--heads 4] [--tokens 200]
 
 Pre-norm transformer blocks: causal multi-head self-attention and a GELU MLP, token + learned position embeddings.
 """
 from __future__ import annotations
-import argparse, importlib, inspect, time, warnings
+import argparse, importlib, inspect, itertools, time, warnings
+from typing import Iterator
 import numpy as np
 from tinyc import Tensor, Device, nn
 from tinyc.jit import TinyJit
@@ -58,15 +59,19 @@ class GPT:
     for block in self.blocks: x = block(x)
     return self.head(self.norm(x))
 
-def sample(model: GPT, prompt: np.ndarray, length: int, rng: np.random.Generator, temperature: float = 0.8) -> list[int]:
-  """Continue `prompt` (token ids) by `length` tokens, one at a time (the window slides once it is full)."""
+def generate(model: GPT, prompt: np.ndarray, rng: np.random.Generator, temperature: float = 0.8) -> Iterator[int]:
+  """Continue `prompt` (token ids) one token at a time, without end (the window slides once it is full)."""
   tokens = list(prompt)
-  for _ in range(length):
+  while True:
     window = np.array(tokens[-model.context:], dtype=np.int32)[None]
     logits = model(Tensor(window))[0, -1].numpy().astype(np.float64) / temperature
     probs = np.exp(logits - logits.max())
     tokens.append(int(rng.choice(len(probs), p=probs / probs.sum())))
-  return tokens[len(prompt):]
+    yield tokens[-1]
+
+def sample(model: GPT, prompt: np.ndarray, length: int, rng: np.random.Generator, temperature: float = 0.8) -> list[int]:
+  """The next `length` tokens after `prompt`."""
+  return list(itertools.islice(generate(model, prompt, rng, temperature), length))
 
 def train(text: str, steps: int, context: int, width: int, layers: int, heads: int, batch: int = 16, seed: int = 0,
           log_every: int = 50) -> tuple[GPT, list[str], list[float]]:
@@ -92,21 +97,44 @@ def train(text: str, steps: int, context: int, width: int, layers: int, heads: i
     if log_every and (number % log_every == 0 or number == steps - 1): print(f"step {number + 1:4d}/{steps} loss {np.mean(losses[-log_every:]):.3f}")
   return model, vocab, losses
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--steps", type=int, default=400)
   parser.add_argument("--context", type=int, default=64)
   parser.add_argument("--width", type=int, default=96)
   parser.add_argument("--layers", type=int, default=2)
   parser.add_argument("--heads", type=int, default=4)
-  args = parser.parse_args()
+  parser.add_argument("--tokens", type=int, default=200, help="tokens to sample after training")
+  args = parser.parse_args(argv)
+  started = time.perf_counter()
   text = stdlib_docstrings()
   print(f"training on {Device.DEFAULT}: {len(text)} characters of standard-library docstrings, {len(set(text))} distinct")
-  started = time.perf_counter()
+  training_started = time.perf_counter()
   model, vocab, losses = train(text, args.steps, args.context, args.width, args.layers, args.heads)
-  print(f"trained in {time.perf_counter() - started:.1f} s; loss {np.mean(losses[:20]):.3f} -> {np.mean(losses[-20:]):.3f}")
-  prompt = np.array([vocab.index(c) for c in "Return the "], dtype=np.int32)
-  print("sample:\nReturn the " + "".join(vocab[t] for t in sample(model, prompt, 200, np.random.default_rng(1))))
+  training_s = time.perf_counter() - training_started
+  print(f"trained in {training_s:.1f} s ({args.steps} steps); loss {np.mean(losses[:20]):.3f} -> {np.mean(losses[-20:]):.3f}")
+  # Each window length the sampler has not seen is a new shape, and a new shape is new kernels to compile (symbolic shapes, which
+  # would reuse them, are for later): so time the tokens whose window length is new apart from the rest.
+  prompt_text = "Return the "
+  prompt, programs = np.array([vocab.index(c) for c in prompt_text], dtype=np.int32), Device[Device.DEFAULT].programs
+  tokens, lengths_seen, programs_before = [], set(), len(programs)
+  seconds, counts = {True: 0.0, False: 0.0}, {True: 0, False: 0}
+  stream = generate(model, prompt, np.random.default_rng(1))
+  for number in range(args.tokens):
+    window_length = min(len(prompt) + number, args.context)
+    new_length = window_length not in lengths_seen
+    lengths_seen.add(window_length)
+    token_started = time.perf_counter()
+    tokens.append(next(stream))
+    seconds[new_length] += time.perf_counter() - token_started
+    counts[new_length] += 1
+  print("sample:\n" + prompt_text + "".join(vocab[t] for t in tokens))
+  sampling_s = seconds[True] + seconds[False]
+  print(f"sampled {args.tokens} tokens in {sampling_s:.1f} s: {seconds[True]:.1f} s for the {counts[True]} whose window length was new, "
+        f"{seconds[False]:.1f} s for the {counts[False]} other{'s' if counts[False] != 1 else ''}")
+  print(f"  a new window length is a new shape: sampling compiled {len(programs) - programs_before} kernels "
+        "(symbolic shapes, which would reuse them, come later)")
+  print(f"total {time.perf_counter() - started:.1f} s (training {training_s:.1f} s, sampling {sampling_s:.1f} s)")
 
 if __name__ == "__main__":
   main()

@@ -49,3 +49,36 @@ def test_workgroup_sum_runs(backend):
   source, result = Buffer(backend, 16, dtypes.float32).copyin(values), Buffer(backend, 16, dtypes.float32)
   run(result.opaque, source.opaque, global_size=(16, 1, 1), local_size=(16, 1, 1), wait=True)
   np.testing.assert_allclose(result.numpy(), np.full(16, values.sum()), rtol=1e-6)  # every thread saw every other's write
+
+def divmod_uops(divisor: int | None) -> list[UOp]:
+  """out[i] = a[i] / d and out[16 + i] = a[i] % d for int32, with d = b[i] (divisor None) or the constant `divisor`."""
+  i32 = dtypes.int32
+  out, a, b = (UOp(UOps.DEFINE_GLOBAL, i32, (), (name, name == "data0")) for name in ("data0", "data1", "data2"))
+  gid = UOp(UOps.SPECIAL, i32, (), (0, "gidx0", 16, "global"))
+  value = UOp(UOps.LOAD, i32, (a, gid))
+  d = UOp(UOps.LOAD, i32, (b, gid)) if divisor is None else UOp(UOps.CONST, i32, (), divisor)
+  quotient, remainder = UOp(UOps.ALU, i32, (value, d), BinaryOps.IDIV), UOp(UOps.ALU, i32, (value, d), BinaryOps.MOD)
+  sixteen = UOp(UOps.CONST, i32, (), 16)
+  second = UOp(UOps.ALU, i32, (gid, sixteen), BinaryOps.ADD)
+  return [out, a, b, gid, value, d, quotient, remainder, sixteen, second, UOp(UOps.STORE, None, (out, gid, quotient)),
+          UOp(UOps.STORE, None, (out, second, remainder))]
+
+def test_integer_division_by_a_value_is_guarded_in_both_dialects():
+  """C's x / 0 and x % 0 are undefined (OpenCL on PoCL gave -1, LLVM 0): the division runs only on a divisor that is not 0 or -1. A
+  constant divisor (index math) needs no guard."""
+  for render in (render_cuda, render_opencl):
+    guarded, plain = render("divmod", divmod_uops(None)), render("divmod", divmod_uops(4))
+    assert "(val1==0?0:val1==(-1)?" in guarded and "((val1==0||val1==(-1))?0:(val0%val1))" in guarded, guarded
+    assert "= (val0/4);" in plain and "= (val0%4);" in plain, plain
+
+@pytest.mark.parametrize("backend", ["GPU", "CUDA"])
+def test_integer_division_by_zero_gives_zero(backend):
+  if not Device.usable(backend): pytest.skip(f"{backend} is not usable here")
+  device = Device[backend]
+  run = device.compile("divmod", device.render("divmod", divmod_uops(None)))
+  values = np.array([7, -7, 0, -2**31, -2**31, 2**31 - 1, 9, -9] * 2, dtype=np.int32)
+  divisors = np.array([0, 0, 0, 0, -1, -1, 2, 2] * 2, dtype=np.int32)
+  result = Buffer(backend, 32, dtypes.int32)
+  inputs = [Buffer(backend, 16, dtypes.int32).copyin(array) for array in (values, divisors)]
+  run(result.opaque, *[buf.opaque for buf in inputs], global_size=(16, 1, 1), local_size=(1, 1, 1), wait=True)
+  np.testing.assert_equal(result.numpy(), np.concatenate([[0, 0, 0, 0, -2**31, -(2**31 - 1), 4, -4] * 2, [0, 0, 0, 0, 0, 0, 1, -1] * 2]))

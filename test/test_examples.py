@@ -1,11 +1,22 @@
 """The examples work end to end on small data the tests make (no network)."""
-import gzip, struct, sys
+import gzip, os, struct, subprocess, sys
 from pathlib import Path
 import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
 import mnist  # noqa: E402
+from conftest import devices_to_test  # noqa: E402
+
+ROOT = Path(__file__).parent.parent
+
+def run_example(script, **environment):
+  """Run examples/<script> in a fresh process on tinyc from this checkout; returns its stdout."""
+  path = os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))  # keep where deps were put
+  env = {**os.environ, "PYTHONPATH": path, **environment}
+  proc = subprocess.run([sys.executable, str(ROOT / "examples" / script)], capture_output=True, text=True, env=env, timeout=300)
+  assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}\n{proc.stderr}"
+  return proc.stdout
 
 def write_idx(path, array, gzipped=True):
   codes = {np.uint8: 0x08, np.int8: 0x09, np.int16: 0x0B, np.int32: 0x0C, np.float32: 0x0D, np.float64: 0x0E}
@@ -61,3 +72,27 @@ def test_gpt_loss_falls_and_it_samples():
   assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 0.5, losses
   tokens = gpt.sample(model, np.array([vocab.index("T")], dtype=np.int32), 20, np.random.default_rng(0))
   assert len(tokens) == 20 and all(0 <= t < len(vocab) for t in tokens)
+
+@pytest.mark.parametrize("device", devices_to_test())
+def test_demo_names_the_language_of_the_source_it_prints(device):
+  out = run_example("demo.py", DEVICE=device)
+  language = {"LLVM": "LLVM IR", "GPU": "OpenCL C", "CUDA": "CUDA C"}[device]
+  assert f"{language} of relu(x @ w1 + b1)" in out, out
+  markers = {"LLVM": "define void @", "GPU": "__kernel ", "CUDA": "__global__ "}  # what starts a kernel in each language
+  assert [name for name, marker in markers.items() if marker in out] == [device], out
+
+def test_demo_counts_the_kernels_of_the_computation_under_beam(tmp_path):
+  out = run_example("demo.py", BEAM="2", BEAM_MAX_STEPS="1", CACHEDB=str(tmp_path / "beam.db"), DEVICE="LLVM")
+  assert "3 kernels planned" in out and "ran 3 kernels" in out, out
+
+def test_gpt_reports_where_its_time_went(capsys):
+  import gpt
+  gpt.main(["--steps", "3", "--context", "8", "--width", "16", "--layers", "1", "--heads", "2", "--tokens", "12"])
+  out = capsys.readouterr().out
+  trained = float(out.split("trained in ")[1].split(" s")[0])
+  sampled = float(out.split("sampled 12 tokens in ")[1].split(" s")[0])
+  total = float(out.split("total ")[1].split(" s")[0])
+  assert trained + sampled <= total + 0.1, out
+  # the window grows from the 11-character prompt "Return the " to the 8-token context at once: one new length, then the same
+  assert "for the 1 whose window length was new" in out and "for the 11 others" in out, out
+  assert int(out.split("compiled ")[1].split(" kernels")[0]) > 0, out

@@ -1,11 +1,12 @@
 """Indexing against PyTorch (numpy where torch has no negative steps): Tensor and list indices mixed with ints, slices, None and
 Ellipsis, gather, and __setitem__, forward and backward, on contiguous and non-contiguous inputs; kernel counts for the one-hot
-contraction; the documented differences from torch (out-of-range index values give 0; boolean masks are refused)."""
+contraction; the documented differences from torch (boolean masks are refused; with CHECK_INDEX=0 out-of-range index values read 0
+instead of raising: the checks themselves are tested in test_index_checks.py)."""
 from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tinyc import GlobalCounters, Tensor, dtypes
+from tinyc import Context, GlobalCounters, Tensor, dtypes
 from helpers import TORCH_DTYPE, random_array
 
 DATA = random_array((3, 4, 5, 6), dtypes.float32, seed=1)
@@ -86,13 +87,13 @@ def test_getitem_tensor_index_is_not_poisoned_by_other_elements():
   np.testing.assert_equal(x[Tensor([2, 0])].numpy(), [[2.0, 3.0], [1.0, np.inf]])
   np.testing.assert_equal(x[:, Tensor([0])].numpy(), [[1.0], [np.nan], [2.0]])
 
-def test_getitem_out_of_range_gives_zero():
-  """torch raises for an out-of-range index value; tinyc cannot check values without running, and documents that they give 0."""
+def test_getitem_out_of_range_reads_zero_without_checks():
+  """torch raises for an out-of-range index value, and so does tinyc (test_index_checks.py); with CHECK_INDEX=0 they read 0."""
   x = Tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
-  assert x[Tensor([0, 3, -4, 100, -1])].tolist() == [[1.0, 2.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [5.0, 6.0]]
-  assert x[Tensor([1, 7]), Tensor([2, 0])].tolist() == [0.0, 0.0]
-  assert x.gather(Tensor([[2], [-1], [0]]), 1).tolist() == [[0.0], [0.0], [5.0]]
-  with pytest.raises(IndexError): torch.tensor([1.0])[torch.tensor([3])]  # the behaviour tinyc departs from
+  with Context(CHECK_INDEX=0):
+    assert x[Tensor([0, 3, -4, 100, -1])].tolist() == [[1.0, 2.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [5.0, 6.0]]
+    assert x[Tensor([1, 7]), Tensor([2, 0])].tolist() == [0.0, 0.0]
+    assert x.gather(Tensor([[2], [-1], [0]]), 1).tolist() == [[0.0], [0.0], [5.0]]
 
 def test_getitem_tensor_index_errors():
   x = Tensor.ones(3, 4)
@@ -207,7 +208,11 @@ def test_gather_backward(shape, index_shape, dim):
 
 # ***** kernels *****
 
-def test_tensor_index_is_one_kernel():
+@pytest.fixture
+def no_index_checks():
+  with Context(CHECK_INDEX=0): yield  # each index check is one more kernel: test_index_checks.py counts those
+
+def test_tensor_index_is_one_kernel(no_index_checks):
   x, idx, idx2 = Tensor(DATA).realize(), Tensor([[2, 0], [1, 1]]).realize(), Tensor([3, -1]).realize()
   for fn in [lambda: x[idx], lambda: x[:, idx2], lambda: x[idx, idx2], lambda: x[1:, idx2, ::2, 0], lambda: x.gather(idx.reshape(1, 2, 2, 1), 1),
              lambda: x[idx] * 2 + 1]:

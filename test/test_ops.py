@@ -203,6 +203,45 @@ def test_floordiv_mod_signs():
     compare(x // y, tx // ty, input_dtypes=[dtype])
     compare(x % y, tx % ty, input_dtypes=[dtype])
 
+# integer // and % by zero: torch's CPU raises; a lazy kernel cannot, so tinyc gives 0 for both on every device, as numpy does
+INT_DTYPES = [i8, u8, i16, i32, i64, dtypes.uint16, dtypes.uint32, dtypes.uint64]
+
+@pytest.mark.parametrize("dtype", INT_DTYPES, ids=str)
+def test_integer_division_and_modulo_by_zero_give_zero(dtype):
+  """Tensor divisors with zeros among ordinary values, -1 (which traps on INT_MIN in hardware) and the dtype's extremes, against numpy."""
+  low, high = int(dtypes.min(dtype)), int(dtypes.max(dtype))
+  values = np.array([7, low, high, 0, 5, low, high, 3, 6, high], dtype=dtype.np)
+  divisors = np.array([0, 0, 0, 0, high, 1 if low == 0 else -1, 1 if low == 0 else -1, high, 0, 2], dtype=dtype.np)
+  x, y = Tensor(values, dtype=dtype), Tensor(divisors, dtype=dtype)
+  with np.errstate(divide="ignore", over="ignore"):
+    for got, want in [(x // y, np.floor_divide(values, divisors)), (x % y, np.remainder(values, divisors)),
+                      (7 // y, np.floor_divide(np.array(7, dtype.np), divisors)), (7 % y, np.remainder(np.array(7, dtype.np), divisors)),
+                      (x // Tensor.zeros(10, dtype=dtype), np.zeros(10, dtype.np)), (x % Tensor.zeros(10, dtype=dtype), np.zeros(10, dtype.np))]:
+      assert got.dtype == dtype
+      np.testing.assert_equal(got.numpy(), want)
+
+def test_integer_division_of_constants_is_exact():
+  """Kernels whose operands are both constants fold in Python: int64 quotients beyond float's 53 bits stay exact."""
+  big = 2**62 + 1
+  np.testing.assert_equal((Tensor.full((2,), big, dtype=i64) // Tensor.full((2,), 1, dtype=i64)).numpy(), [big, big])
+  np.testing.assert_equal((Tensor.full((2,), -big, dtype=i64) % Tensor.full((2,), 2**40, dtype=i64)).numpy(), [-big % 2**40] * 2)
+
+@pytest.mark.parametrize("dtype", [i32, i64, u8, boolean], ids=str)
+def test_a_constant_zero_divisor_raises_at_once(dtype):
+  """`t // 0` and `t % 0` on an integer result raise when the graph is built, as torch's CPU does (RuntimeError('ZeroDivisionError'))."""
+  x = Tensor([1, 0, 1], dtype=dtype)
+  for divide in [lambda: x // 0, lambda: x % 0, lambda: x // False, lambda: x.floordiv(0), lambda: x.mod(0)]:
+    with pytest.raises(RuntimeError, match="ZeroDivisionError") as raised: divide()
+    assert isinstance(raised.value, ZeroDivisionError)
+
+def test_float_division_by_zero_stays_ieee():
+  values = [1.0, -1.0, 0.0, 2.5]
+  x, tx = Tensor(values), torch.tensor(values)
+  for name, fn in {"floordiv": lambda a, s: a // s, "mod": lambda a, s: a % s, "div": lambda a, s: a / s}.items():
+    compare(fn(x, 0), fn(tx, 0), input_dtypes=[f32])
+    compare(fn(x, Tensor.zeros(4)), fn(tx, torch.zeros(4)), input_dtypes=[f32])
+  compare(Tensor([1, -1, 0]) // 0.0, torch.tensor([1, -1, 0]) // 0.0, input_dtypes=[i32])  # a float scalar makes it float division
+
 # ***** reductions *****
 
 REDUCE = {

@@ -1,12 +1,12 @@
 """BEAM search: results equal the unoptimized kernel's, the cache is hit on a second run and survives corruption, and broken
 candidates (a compiler error, a crashed worker, a hung worker) are dropped without harm. Runs on every device of the op suite."""
 from __future__ import annotations
-import os, sqlite3, time
+import contextlib, os, sqlite3, subprocess, sys, time
 import numpy as np
 import pytest
 from tinyc import Tensor
 from tinyc.device import Device
-from tinyc.helpers import Context
+from tinyc.helpers import Context, GlobalCounters
 from tinyc.codegen.kernel import Kernel, Opt, OptOps
 from tinyc.codegen import search
 from tinyc.ops import LoadOps
@@ -43,6 +43,18 @@ def test_a_winner_that_differs_from_the_unoptimized_kernel_is_neither_used_nor_c
   with Context(BEAM=2): np.testing.assert_allclose(Tensor(x).sum(1).numpy(), x.sum(1))
   assert not os.path.exists(os.environ["CACHEDB"]) or sqlite3.connect(os.environ["CACHEDB"]).execute("SELECT * FROM beam").fetchall() == []
 
+def test_a_search_adds_nothing_to_the_global_counters(tinyc_device):
+  # the counters tell what the computation ran: the search's timing and verification runs are not part of it
+  if Device[Device.DEFAULT].compile_binary is None: pytest.skip(f"{Device.DEFAULT} cannot build in worker processes")
+  a, b = matmul_inputs()
+  counts = []
+  for level in (0, 2):
+    Device[Device.DEFAULT].programs.clear()
+    GlobalCounters.reset()
+    with Context(BEAM=level): (Tensor(a) @ Tensor(b)).relu().softmax(-1).realize()
+    counts.append((GlobalCounters.kernel_count, GlobalCounters.global_mem))
+  assert counts[1] == counts[0], f"(kernels, bytes) with BEAM=2 {counts[1]} against {counts[0]} without"
+
 # ***** broken candidates: a fake build whose behaviour depends on the candidate (module-level, so workers can import it) *****
 
 def flaky_build(opts: tuple[Opt, ...]) -> tuple[str, int]:
@@ -72,12 +84,104 @@ def test_crashed_hung_and_rejected_candidates_are_dropped():
 
 # ***** the cache *****
 
-def test_a_corrupt_cache_file_is_replaced(tmp_path):
+def other_programs_database(path):
+  with contextlib.closing(sqlite3.connect(path)) as connection, connection:
+    connection.execute("CREATE TABLE accounts (name TEXT, balance INTEGER)")
+    connection.execute("INSERT INTO accounts VALUES ('alice', 100)")
+
+@pytest.mark.parametrize("make", [lambda path: path.write_bytes(b"my notes, not a database\n" * 100), other_programs_database],
+                         ids=["text file", "another program's sqlite database"])
+def test_a_file_that_is_not_a_tinyc_cache_is_refused_and_left_untouched(tmp_path, make):
   path = tmp_path / "beam.db"
-  path.write_bytes(b"this is not a sqlite database" * 100)
+  make(path)
+  before = path.read_bytes()
+  for use in (lambda: search.cache_get("some key"), lambda: search.cache_put("some key", [Opt(OptOps.UPCAST, 0, 4)])):
+    with pytest.raises(search.CacheFileError, match=f"{path}.*CACHEDB"): use()
+  assert isinstance(search.CacheFileError("x"), RuntimeError)
+  assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["beam.db"]
+
+def test_a_damaged_tinyc_cache_is_rebuilt_with_a_warning(tmp_path, capsys):
+  path = tmp_path / "beam.db"
+  search.cache_put("some key", [Opt(OptOps.UPCAST, 0, 4)])
+  with contextlib.closing(sqlite3.connect(path)) as connection: connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+  damaged = bytearray(path.read_bytes())
+  damaged[100:4096] = b"\xff" * (4096 - 100)  # the header (which says tinyc made it) survives; the table of tables does not
+  path.write_bytes(bytes(damaged))
   assert search.cache_get("some key") is None
+  assert str(path) in capsys.readouterr().err  # at the default DEBUG level
   search.cache_put("some key", [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.LOCAL, 1, 16)])
   assert search.cache_get("some key") == (Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.LOCAL, 1, 16))
+
+def test_an_empty_file_and_an_older_tinyc_cache_are_used(tmp_path):
+  path = tmp_path / "beam.db"
+  path.write_bytes(b"")
+  search.cache_put("key", [Opt(OptOps.UPCAST, 0, 4)])
+  assert search.cache_get("key") == (Opt(OptOps.UPCAST, 0, 4),)
+  path.unlink()
+  with contextlib.closing(sqlite3.connect(path)) as connection, connection:  # as tinyc wrote it before it marked its files
+    connection.execute("CREATE TABLE beam (key TEXT PRIMARY KEY, opts TEXT NOT NULL)")
+    connection.execute("INSERT INTO beam VALUES ('old key', '[[\"UPCAST\", 0, 2]]')")
+  assert search.cache_get("old key") == (Opt(OptOps.UPCAST, 0, 2),)
+
+def unwritable_locations(tmp_path):
+  (tmp_path / "a_file").write_text("x")
+  (tmp_path / "a_directory").mkdir()
+  return {"under a regular file": tmp_path / "a_file" / "beam.db", "a directory": tmp_path / "a_directory"}
+
+@pytest.mark.parametrize("where", ["under a regular file", "a directory", "a read-only directory"])
+def test_a_cache_location_that_cannot_be_written_warns_once_and_searches_without_it(tinyc_device, tmp_path, monkeypatch, capsys, where):
+  if Device[Device.DEFAULT].compile_binary is None: pytest.skip(f"{Device.DEFAULT} cannot build in worker processes")
+  if where == "a read-only directory":
+    if os.geteuid() == 0: pytest.skip("root writes to read-only directories")
+    (tmp_path / "read_only").mkdir(mode=0o500)
+    path = tmp_path / "read_only" / "beam.db"
+  else: path = unwritable_locations(tmp_path)[where]
+  monkeypatch.setenv("CACHEDB", str(path))
+  x = np.arange(64, dtype=np.float32).reshape(8, 8)
+  with Context(BEAM=2):
+    np.testing.assert_allclose(Tensor(x).sum(1).numpy(), x.sum(1))
+    np.testing.assert_allclose((Tensor(x) * 2).max(0).numpy(), (x * 2).max(0))
+  warnings = [line for line in capsys.readouterr().err.splitlines() if str(path) in line]
+  assert len(warnings) == 1 and "CACHEDB" in warnings[0], warnings
+
+def test_the_cubin_cache_warns_once_where_it_cannot_write(tmp_path, monkeypatch, capsys):
+  from tinyc.runtime import nvrtc
+  monkeypatch.setattr(nvrtc, "compile_cuda", lambda name, source, arch, output: f"cubin of {source}".encode())
+  monkeypatch.setattr(nvrtc, "nvrtc_version", lambda: (13, 0))
+  monkeypatch.setenv("CACHE_DIR", str(tmp_path / "a_file"))
+  (tmp_path / "a_file").write_text("x")
+  assert [nvrtc.cached_cubin("k", source, "sm_90") for source in ("a", "b")] == [b"cubin of a", b"cubin of b"]
+  warnings = [line for line in capsys.readouterr().err.splitlines() if str(tmp_path / "a_file") in line]
+  assert len(warnings) == 1 and "CACHE_DIR" in warnings[0], warnings
+  monkeypatch.setenv("CACHE_DIR", str(tmp_path / "writable"))
+  assert nvrtc.cached_cubin("k", "a", "sm_90") == b"cubin of a" and len(list((tmp_path / "writable" / "cuda").iterdir())) == 1
+  monkeypatch.setattr(nvrtc, "compile_cuda", lambda *args: pytest.fail("a cached cubin was compiled again"))
+  assert nvrtc.cached_cubin("k", "a", "sm_90") == b"cubin of a"
+
+SEARCHER = """
+import sys, time
+import numpy as np
+from tinyc import Tensor
+start, rows = float(sys.argv[1]), int(sys.argv[2])
+while time.time() < start: time.sleep(0.005)
+a = np.arange(rows * 8, dtype=np.float32).reshape(rows, 8)
+np.testing.assert_allclose(Tensor(a).sum(1).numpy(), a.sum(1))  # a kernel of its own
+b = np.arange(64, dtype=np.float32).reshape(8, 8)
+np.testing.assert_allclose((Tensor(b) * 3).sum(0).numpy(), (b * 3).sum(0))  # the same kernel as the other process
+print("ok")
+"""
+
+def test_two_processes_searching_at_once_share_the_cache(tmp_path):
+  environment = {**os.environ, "BEAM": "2", "BEAM_WORKERS": "1", "BEAM_PROGRESS": "0", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+  start = time.time() + 3  # both import tinyc first, then begin together
+  processes = [subprocess.Popen([sys.executable, "-c", SEARCHER, str(start), str(rows)], env=environment, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for rows in (16, 24)]
+  results = [process.communicate(timeout=300) for process in processes]
+  assert all(process.returncode == 0 and out.strip() == "ok" for process, (out, _) in zip(processes, results)), results
+  with contextlib.closing(sqlite3.connect(os.environ["CACHEDB"])) as connection:
+    assert connection.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    assert connection.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert connection.execute("SELECT count(*) FROM beam").fetchone() == (3,)
 
 def test_a_row_this_version_cannot_read_is_a_miss():
   search.cache_put("key", [Opt(OptOps.UPCAST, 0, 4)])

@@ -1,4 +1,4 @@
-"""Housekeeping that CI enforces: ruff is clean, sz.py is under budget, the layering of DESIGN.md section 1 holds, mypy passes."""
+"""Housekeeping that CI enforces: ruff is clean, sz.py is under budget, the layering of docs/design.md section 1 holds, mypy passes."""
 from __future__ import annotations
 import ast, pathlib, subprocess, sys
 from typing import Iterator
@@ -19,6 +19,27 @@ def test_sz_under_budget():
   proc = run("sz.py")
   assert proc.returncode == 0, f"`python sz.py` failed:\n{proc.stdout}{proc.stderr}"
 
+def test_sz_counts_code_tokens_per_line(tmp_path):
+  sys.path.insert(0, str(ROOT))
+  try: import sz
+  finally: sys.path.remove(str(ROOT))
+  source = tmp_path / "example.py"
+  source.write_text('"""A module docstring\nover two lines."""\nx = 1  # a comment\n\ndef f(a):\n  """A docstring."""\n  return a + 1\n')
+  assert sz.code_tokens(source) == (13, 3)  # x = 1 | def f ( a ) : | return a + 1: comments, docstrings and layout tokens skipped
+  lines = run("sz.py").stdout.splitlines()
+  assert "tokens/line" in lines[0], lines[0]
+  helpers = next(line for line in lines if line.startswith("tinyc/helpers.py")).split()
+  tokens, code_lines = sz.code_tokens(PACKAGE / "helpers.py")
+  assert helpers[2:] == [str(tokens), f"{tokens / code_lines:.1f}"], helpers
+
+def test_sz_exits_quietly_when_its_reader_closes_early():
+  # `python sz.py | head -3`: the reader goes away before sz.py writes
+  proc = subprocess.Popen([sys.executable, "sz.py"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  assert proc.stdout is not None and proc.stderr is not None
+  proc.stdout.close()
+  stderr = proc.stderr.read().decode()
+  assert proc.wait() == 0 and stderr == "", stderr
+
 def test_ci_runs_readme_test_command():
   readme_commands = [line.strip() for line in (ROOT / "README.md").read_text().splitlines() if "python -m pytest" in line]
   assert len(readme_commands) == 1, f"expected exactly one test command in README.md, found {readme_commands}"
@@ -30,7 +51,7 @@ def test_mypy_clean():
   proc = run("-m", "mypy")  # files and settings come from [tool.mypy] in pyproject.toml
   assert proc.returncode == 0, f"mypy failed:\n{proc.stdout}{proc.stderr}"
 
-# ***** layering (DESIGN.md section 1) *****
+# ***** layering (docs/design.md section 1) *****
 
 # Layer of each top-level tinyc module or subpackage, lowest first. A module may import from its own layer and lower ones.
 LAYERS: dict[str, int] = {
@@ -38,13 +59,13 @@ LAYERS: dict[str, int] = {
   "shape": 2, "ops": 2,
   "codegen": 3,
   "runtime": 4, "device": 4, "beam": 4,
-  "lazy": 5, "schedule": 5, "realize": 5,
+  "lazy": 5, "schedule": 5, "index_check": 5, "realize": 5,
   "function": 6, "tensor": 6, "nn": 6, "jit": 6,
 }
 TOP = 7  # the `tinyc` package itself (tinyc/__init__.py): only it may import anything
 # Optional third-party backends: only the runtime file that needs them imports them, so `import tinyc` works without them.
 BACKENDS = {"llvmlite", "pyopencl", "pycuda", "nvidia"}
-# the LLVM renderer builds IR text with llvmlite's pure-Python IR builder (DESIGN.md section 6); it loads no native code
+# the LLVM renderer builds IR text with llvmlite's pure-Python IR builder (docs/design.md section 1); it loads no native code
 RENDERER_IMPORTS = {"codegen/llvmir.py": "llvmlite.ir"}
 ALLOWED_EVERYWHERE = set(sys.stdlib_module_names) | {"numpy", "tinyc", "__future__"}
 
@@ -82,7 +103,7 @@ def test_layering():
   for path in SOURCES:
     this, where = module_name(path), path.relative_to(ROOT)
     if (this_layer := layer(this)) is None:
-      errors.append(f"{where}: module {this} has no layer: add it to LAYERS in test/test_style.py (and to DESIGN.md section 1)")
+      errors.append(f"{where}: module {this} has no layer: add it to LAYERS in test/test_style.py (and to docs/design.md section 1)")
       continue
     for line, target, _ in imports(path):
       if target.split(".")[0] != "tinyc" or this_layer == TOP: continue
@@ -90,7 +111,7 @@ def test_layering():
       elif target_layer > this_layer:
         errors.append(f"{where}:{line}: {this} (layer {this_layer}) imports {target} (layer {target_layer}): imports go downward only; "
                       "pass what the lower layer needs in as an argument instead")
-  assert not errors, "layering violations (DESIGN.md section 1):\n" + "\n".join(errors)
+  assert not errors, "layering violations (docs/design.md section 1):\n" + "\n".join(errors)
 
 def test_no_tinyc_import_inside_functions():
   errors = [f"{path.relative_to(ROOT)}:{line}: imports {target} inside a function: import at the top of the module; a cycle means a layering problem"

@@ -4,9 +4,12 @@ against the unoptimized kernel and caches it. Imports helpers, dtype, ops, codeg
 codegen/search.py owns the search, its workers and its cache; this module gives it the two device-specific functions it needs:
 `build_candidate` (run in a worker: render + compile to a binary, no device needed) and a `measure` closure (run here: load the
 binary, launch it on the device, take the fastest of a few runs).
+
+One search runs at a time in a process: searches from several threads would share the worker pool (whose pipes carry one job
+at a time) and time their candidates against each other's kernels. A thread that needs a kernel another is searching waits for it.
 """
 from __future__ import annotations
-import hashlib, math, sys, time
+import hashlib, math, sys, threading, time
 from typing import Any, Callable
 import numpy as np
 from tinyc.dtype import dtypes
@@ -32,17 +35,20 @@ def build_candidate(ast: LazyOp, opts: tuple[Opt, ...], target: KernelTarget, th
   return name, source, compile_binary(name, source), lowered.global_size, lowered.local_size, lowered.flops, lowered.mem_bytes
 
 _chosen: dict[tuple[str, LazyOp], tuple[Opt, ...]] = {}
+_searching = threading.Lock()
 
 def beam_opts(device: Compiled, ast: LazyOp) -> tuple[Opt, ...]:
   """The Opts BEAM=n chose for this kernel: from this process's memory, the on-disk cache, or a new search."""
-  if (device.name, ast) in _chosen: return _chosen[(device.name, ast)]
-  key = cache_key(ast, f"{device.name}|{device.arch}|{getattr(device.render, '__name__', '')}")
-  opts = cache_get(key)
-  if opts is not None and not _applies(ast, opts, device.target): opts = None  # written by another version of tinyc: search again
-  if opts is None:
-    opts, verified = search(device, ast)
-    if verified: cache_put(key, opts)
-  _chosen[(device.name, ast)] = opts
+  if (opts := _chosen.get((device.name, ast))) is not None: return opts
+  with _searching:
+    if (opts := _chosen.get((device.name, ast))) is not None: return opts
+    key = cache_key(ast, f"{device.name}|{device.arch}|{getattr(device.render, '__name__', '')}")
+    opts = cache_get(key)
+    if opts is not None and not _applies(ast, opts, device.target): opts = None  # written by another version of tinyc: search again
+    if opts is None:
+      opts, verified = search(device, ast)
+      if verified: cache_put(key, opts)
+    _chosen[(device.name, ast)] = opts
   return opts
 
 def _applies(ast: LazyOp, opts: tuple[Opt, ...], target: KernelTarget) -> bool:
@@ -115,10 +121,12 @@ def _random_buffers(device: str, kernel: Kernel) -> list[Buffer]:
   return buffers
 
 def outputs_match(device: Compiled, ast: LazyOp, opts: tuple[Opt, ...], buffers: list[Buffer]) -> bool:
-  """Whether `opts` give the unoptimized kernel's output on the random inputs (BEAM_VERIFY)."""
+  """Whether `opts` give the unoptimized kernel's output on the random inputs (BEAM_VERIFY). Like the timing runs, these runs are
+  launched directly, not through Program.__call__: they are the search's, so GlobalCounters does not count them."""
   results = []
   for candidate in ((), opts):
-    device.get_program(ast, candidate)(buffers)
+    program = device.get_program(ast, candidate)
+    program.run(*[buf.opaque for buf in buffers], global_size=program.global_size, local_size=program.local_size, wait=True)
     results.append(buffers[0].numpy().astype(np.float64))
   tolerance = 1e-2 if buffers[0].dtype in (dtypes.float16, dtypes.bfloat16) else 1e-3
   return bool(np.allclose(results[1], results[0], rtol=tolerance, atol=tolerance, equal_nan=True))

@@ -3,7 +3,7 @@ renderer, a compiler and a program runner) and the Device registry. Imports help
 runtime/ops_<name>.py and are loaded by name when first asked for.
 """
 from __future__ import annotations
-import importlib, time
+import importlib, threading, time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
@@ -18,19 +18,24 @@ from tinyc.codegen.uops import UOps, UOp, executed
 from tinyc.codegen.cpu_split import outer_split
 
 class Allocator:
-  """Device memory with a free list: a freed block is kept and handed out again for the next request of the same size."""
-  def __init__(self) -> None: self.cache: dict[int, list[Any]] = defaultdict(list)
+  """Device memory with a free list: a freed block is kept and handed out again for the next request of the same size. The free
+  list takes a lock (reentrant: the garbage collector may free a Buffer in the middle); the device calls run outside it."""
+  def __init__(self) -> None:
+    self.cache: dict[int, list[Any]] = defaultdict(list)
+    self.lock = threading.RLock()
   def alloc(self, nbytes: int) -> Any:
-    if self.cache[nbytes]: return self.cache[nbytes].pop()
+    with self.lock:
+      if self.cache[nbytes]: return self.cache[nbytes].pop()
     try: return self._alloc(nbytes)
     except MemoryError:
       self.free_cache()
       return self._alloc(nbytes)
-  def free(self, opaque: Any, nbytes: int) -> None: self.cache[nbytes].append(opaque)
+  def free(self, opaque: Any, nbytes: int) -> None:
+    with self.lock: self.cache[nbytes].append(opaque)
   def free_cache(self) -> None:
-    for nbytes, blocks in self.cache.items():
+    with self.lock: cache, self.cache = self.cache, defaultdict(list)
+    for nbytes, blocks in cache.items():
       for block in blocks: self._free(block, nbytes)
-    self.cache.clear()
   # what a backend provides
   def _alloc(self, nbytes: int) -> Any: raise NotImplementedError
   def _free(self, opaque: Any, nbytes: int) -> None: pass
@@ -49,11 +54,11 @@ class Buffer:
   def opaque(self) -> Any:
     if self._opaque is None:
       self._opaque = self.allocator.alloc(self.nbytes)
-      GlobalCounters.mem_used += self.nbytes
+      GlobalCounters.add(mem_used=self.nbytes)
     return self._opaque
   def __del__(self) -> None:
     if getattr(self, "_opaque", None) is None: return
-    GlobalCounters.mem_used -= self.nbytes
+    GlobalCounters.add(mem_used=-self.nbytes)
     self.allocator.free(self._opaque, self.nbytes)
   def __repr__(self) -> str: return f"<Buffer {self.device} {self.size} {self.dtype.name}>"
   def copyin(self, data: np.ndarray) -> Buffer:
@@ -93,11 +98,8 @@ class Program:
   def __call__(self, buffers: list[Buffer]) -> None:
     wait = DEBUG >= 2
     seconds = self.run(*[buf.opaque for buf in buffers], global_size=self.global_size, local_size=self.local_size, wait=wait)
-    GlobalCounters.kernel_count += 1
-    GlobalCounters.global_ops += self.flops
-    GlobalCounters.global_mem += self.mem_bytes
+    GlobalCounters.add(kernels=1, ops=self.flops, mem=self.mem_bytes, seconds=seconds or 0.0)
     if seconds is not None:
-      GlobalCounters.time_sum_s += seconds
       if DEBUG >= 2:
         print(f"{colored(f'*** {self.device:5s} {GlobalCounters.kernel_count:4d}', 'magenta')} {self.name:30s} "
               f"{seconds * 1e6:9.2f} us  {self.flops / seconds * 1e-9:8.2f} GFLOP/s  {self.mem_bytes / seconds * 1e-9:8.2f} GB/s")
@@ -140,10 +142,24 @@ class Compiled:
     self.graph = graph
     self.programs: dict[tuple[LazyOp, tuple[Opt, ...] | None], Program] = {}
     self._names: dict[str, int] = defaultdict(int)
+    # threads: one lock guards the names and the table of programs being compiled; each program compiles under a lock of its own,
+    # so a thread wanting a program another is compiling waits for it, different programs compile at once, launches never wait
+    self._lock = threading.Lock()
+    self._compiling: dict[tuple[LazyOp, tuple[Opt, ...] | None], threading.Lock] = {}
 
   def get_program(self, ast: LazyOp, opts: tuple[Opt, ...] | None = None) -> Program:
-    """The compiled program for `ast` with these Opts (None: the hand-coded heuristic's, or none with NOOPT=1)."""
+    """The compiled program for `ast` with these Opts (None: the hand-coded heuristic's, or none with NOOPT=1). Thread-safe: each
+    is compiled once however many threads ask for it at once."""
     if (program := self.programs.get((ast, opts))) is not None: return program
+    with self._lock: compiling = self._compiling.setdefault((ast, opts), threading.Lock())
+    try:
+      with compiling:
+        if (program := self.programs.get((ast, opts))) is None: self.programs[(ast, opts)] = program = self._build_program(ast, opts)
+    finally:
+      with self._lock: self._compiling.pop((ast, opts), None)
+    return program
+
+  def _build_program(self, ast: LazyOp, opts: tuple[Opt, ...] | None) -> Program:
     kernel = Kernel(ast, self.target)
     kernel.print_ast()
     if opts is None: hand_coded_optimizations(kernel)
@@ -151,15 +167,15 @@ class Compiled:
       for opt in opts: kernel.apply_opt(opt)
     if DEBUG >= 3: print(f"opts: {kernel.applied_opts}")
     lowered = lower(kernel, self.threads, self.max_local)
-    self._names[kernel.name] += 1
-    name = kernel.name if self._names[kernel.name] == 1 else f"{kernel.name}n{self._names[kernel.name] - 1}"
+    with self._lock:  # two kernels of one name in one address space (a CPU backend) would run each other's code
+      self._names[kernel.name] += 1
+      name = kernel.name if self._names[kernel.name] == 1 else f"{kernel.name}n{self._names[kernel.name] - 1}"
     source = self.render(name, lowered.uops)
     if DEBUG >= 4: print(source)
     started = time.perf_counter()
     run = self.compile(name, source)
     if DEBUG >= 3: print(f"compiled {name} in {(time.perf_counter() - started) * 1e3:.2f} ms")
-    self.programs[(ast, opts)] = program = Program(name, self.name, run, lowered.flops, lowered.mem_bytes, lowered.global_size, lowered.local_size)
-    return program
+    return Program(name, self.name, run, lowered.flops, lowered.mem_bytes, lowered.global_size, lowered.local_size)
 
 class LoweredKernel(NamedTuple):
   uops: list[UOp]
@@ -191,6 +207,7 @@ class DeviceRegistry:
   def __init__(self) -> None:
     self._opened: dict[str, Compiled] = {}
     self._usable: dict[str, bool] = {}
+    self._opening = threading.Lock()  # threads that first use a device at once open it once
   def usable(self, name: str) -> bool:
     """Whether the backend opens here (probed once per process)."""
     if name not in self._usable:
@@ -204,12 +221,14 @@ class DeviceRegistry:
     return base
   def __getitem__(self, name: str) -> Compiled:
     name = self.canonicalize(name)
-    if name not in self._opened:
-      try: module = importlib.import_module(f"tinyc.runtime.{BACKEND_MODULES[name]}")
-      except ImportError as error:
-        raise RuntimeError(f"device {name} is not available: {error}. To use it: {INSTALL_HINTS[name]}; or pick another with LLVM=1") from error
-      self._opened[name] = module.open_device()
-    return self._opened[name]
+    if (device := self._opened.get(name)) is not None: return device
+    with self._opening:
+      if name not in self._opened:
+        try: module = importlib.import_module(f"tinyc.runtime.{BACKEND_MODULES[name]}")
+        except ImportError as error:
+          raise RuntimeError(f"device {name} is not available: {error}. To use it: {INSTALL_HINTS[name]}; or pick another with LLVM=1") from error
+        self._opened[name] = module.open_device()
+      return self._opened[name]
   @property
   def DEFAULT(self) -> str:
     if (chosen := getenv("DEVICE", "")): return self.canonicalize(chosen)

@@ -116,6 +116,8 @@ class Eq(NonDifferentiable):
   def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.alu(BinaryOps.CMPEQ, y)
 class BitwiseOp(NonDifferentiable):
   def forward(self, x: LazyBuffer, y: LazyBuffer, op: BinaryOps) -> LazyBuffer: return x.alu(op, y)
+class IntegerDivisionByZero(RuntimeError, ZeroDivisionError):
+  """An integer // or % by a constant 0: a RuntimeError as torch raises it, and a ZeroDivisionError as Python's ints do."""
 class IntegerDiv(NonDifferentiable):
   def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.alu(BinaryOps.IDIV, y)
 class Mod(NonDifferentiable):

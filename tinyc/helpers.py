@@ -6,8 +6,8 @@ Glossary of the abbreviations used across tinyc:
   ptr   pointer to a buffer   np    numpy             gidx  global loop index     ridx reduce loop index
 """
 from __future__ import annotations
-import contextlib, functools, itertools, operator, os, time
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+import contextlib, contextvars, functools, itertools, operator, os, sys, threading, time
+from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -49,19 +49,22 @@ def getenv(key: str, default: Any = 0) -> Any:
   return default if raw is None else type(default)(raw)
 
 class ContextVar:
-  """A setting read from the environment at use time, which `Context(...)` can override for a block."""
+  """A setting read from the environment at use time, which `Context(...)` can override for a block. An override holds in the
+  thread (and asyncio task) that made it, as torch.no_grad() does: another thread's `with Context(BEAM=2)` does not change this one's."""
   _registry: dict[str, ContextVar] = {}
   def __new__(cls, key: str, default: Any) -> ContextVar:
     if key in cls._registry: return cls._registry[key]
     instance = super().__new__(cls)
-    instance.key, instance.default, instance.overrides = key, default, []
+    instance.key, instance.default, instance.overrides = key, default, contextvars.ContextVar(f"tinyc.{key}", default=())
     cls._registry[key] = instance
     return instance
   key: str
   default: Any
-  overrides: list[Any]
+  overrides: contextvars.ContextVar[tuple[Any, ...]]  # this thread's stack of overrides, innermost last
   @property
-  def value(self) -> Any: return self.overrides[-1] if self.overrides else getenv(self.key, self.default)
+  def value(self) -> Any:
+    overrides = self.overrides.get()
+    return overrides[-1] if overrides else getenv(self.key, self.default)
   def __bool__(self) -> bool: return bool(self.value)
   def __ge__(self, other: Any) -> bool: return self.value >= other
   def __gt__(self, other: Any) -> bool: return self.value > other
@@ -73,23 +76,49 @@ class ContextVar:
 def Context(**settings: Any) -> Iterator[None]:
   """Override settings for a block: `with Context(DEBUG=2, NOOPT=1): ...`."""
   variables = [ContextVar(key, type(value)()) for key, value in settings.items()]
-  for var, value in zip(variables, settings.values()): var.overrides.append(value)
+  tokens = [var.overrides.set(var.overrides.get() + (value,)) for var, value in zip(variables, settings.values())]
   try: yield
   finally:
-    for var in variables: var.overrides.pop()
+    for var, token in reversed(list(zip(variables, tokens))): var.overrides.reset(token)
 
 DEBUG, BEAM, NOOPT, CI = ContextVar("DEBUG", 0), ContextVar("BEAM", 0), ContextVar("NOOPT", 0), ContextVar("CI", "")
 CPU_THREADS = ContextVar("CPU_THREADS", 0)  # threads a CPU kernel may use; 0: one per core this process may run on, 1: serial
+CHECK_INDEX = ContextVar("CHECK_INDEX", 1)  # 0: index tensors are not checked for out-of-range values (index_check.py), which then read 0
+
+class ThreadRecorder(Generic[T]):
+  """Nested per-thread recordings: inside `with recorder.record() as items:`, everything this thread passes to `note` lands in items
+  (TinyJit records a step's kernels and index checks this way, so other threads' work stays out)."""
+  def __init__(self) -> None: self._local = threading.local()
+  @contextlib.contextmanager
+  def record(self) -> Iterator[list[T]]:
+    stack: list[list[T]] = self._local.__dict__.setdefault("stack", [])
+    items: list[T] = []
+    stack.append(items)
+    try: yield items
+    finally: stack.pop()
+  def note(self, item: T) -> None:
+    if (stack := getattr(self._local, "stack", None)): stack[-1].append(item)
 
 class GlobalCounters:
-  """What the realizes since the last reset() ran: kernels, FLOPs, bytes moved, seconds spent in kernels."""
+  """What the realizes since the last reset() ran: kernels, FLOPs, bytes moved, seconds spent in kernels. Totals of the process:
+  with several threads they count every thread's kernels (updates take a lock, so none is lost)."""
   kernel_count: int = 0
   global_ops: int = 0
   global_mem: int = 0
   time_sum_s: float = 0.0
   mem_used: int = 0  # bytes held by live device buffers (not reset)
+  # reentrant: a Buffer freed by the garbage collector while this thread holds the lock updates mem_used too
+  lock = threading.RLock()
   @staticmethod
   def reset() -> None: GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem, GlobalCounters.time_sum_s = 0, 0, 0, 0.0
+  @staticmethod
+  def add(kernels: int = 0, ops: int = 0, mem: int = 0, seconds: float = 0.0, mem_used: int = 0) -> None:
+    with GlobalCounters.lock:
+      GlobalCounters.kernel_count += kernels
+      GlobalCounters.global_ops += ops
+      GlobalCounters.global_mem += mem
+      GlobalCounters.time_sum_s += seconds
+      GlobalCounters.mem_used += mem_used
 
 class Timing(contextlib.ContextDecorator):
   """Print how long a block took: `with Timing("schedule: "): ...`."""
@@ -100,6 +129,11 @@ class Timing(contextlib.ContextDecorator):
   def __exit__(self, *exc: Any) -> None:
     self.elapsed_ns = time.perf_counter_ns() - self.start
     if self.enabled: print(f"{self.prefix}{self.elapsed_ns * 1e-6:.2f} ms")
+
+@functools.lru_cache(maxsize=None)
+def warn_once(message: str) -> None:
+  """Print `message` to stderr the first time this process gives it (a cache location that cannot be used, for one)."""
+  print(f"tinyc: {message}", file=sys.stderr)
 
 def colored(text: str, color: str | None) -> str:
   codes = {"red": 31, "green": 32, "yellow": 33, "blue": 34, "magenta": 35, "cyan": 36, "white": 37}

@@ -1,17 +1,22 @@
 """Layer 6: TinyJit captures the kernels a function runs and replays them, skipping Python, scheduling and codegen.
-Imports helpers, device, realize, tensor.
+Imports helpers, device, realize, index_check, tensor.
 
 The first call runs normally (compiling every kernel), the second runs again while recording each launch and its
 buffers, and later calls replay the recording with the new inputs' buffers swapped in (on CUDA as one graph launch).
 Everything the function computes must be realized by the time it returns (returned tensors are realized here; optimizers
-realize what they update).
+realize what they update). The capture records only the calling thread's kernels; calls of one TinyJit from several threads
+take turns (a replay swaps its inputs into the shared recording, and every call returns the same output buffers). The index
+checks the function makes (index_check.py) are captured with it: every call's return reads them, a replay's too, and raises
+for an index out of range.
 """
 from __future__ import annotations
-import functools
+import contextlib, functools, threading
 from typing import Any, Callable, Generic, TypeVar
 from tinyc.helpers import DEBUG
 from tinyc.device import Buffer, Device
-from tinyc.realize import Step, capturing
+from tinyc.realize import Step, steps_run
+from tinyc import index_check
+from tinyc.index_check import IndexCheck
 from tinyc.tensor import Tensor
 
 ReturnType = TypeVar("ReturnType")
@@ -22,6 +27,7 @@ class JitError(RuntimeError):
 class TinyJit(Generic[ReturnType]):
   def __init__(self, fn: Callable[..., ReturnType]) -> None:
     self.fn = fn
+    self.lock = threading.RLock()  # reentrant, as calling the function from inside itself was before
     self.reset()
     functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
@@ -32,11 +38,15 @@ class TinyJit(Generic[ReturnType]):
     self.signature: tuple[Any, ...] | None = None
     self.input_slots: list[tuple[int, int, int]] = []  # (step, buffer position, input number)
     self.result: Any = None
+    self.checks: list[IndexCheck] = []  # the index checks the captured kernels compute, read after each replay
     self.graph: Callable[[list[Buffer]], None] | None = None  # the device's one-launch replay of the steps, where it has one
 
   def __get__(self, instance: Any, owner: Any) -> Any: return functools.partial(self.__call__, instance)  # decorating a method
 
   def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
+    with self.lock: return self._call(*args, **kwargs)
+
+  def _call(self, *args: Any, **kwargs: Any) -> ReturnType:
     inputs = [value for value in list(args) + list(kwargs.values()) if isinstance(value, Tensor)]
     for tensor in inputs:  # an input must be its own realized buffer: that buffer is what replays swap in
       if tensor.lazydata.base is not tensor.lazydata or tensor.lazydata.realized is None: tensor.lazydata = tensor.contiguous().realize().lazydata
@@ -47,20 +57,22 @@ class TinyJit(Generic[ReturnType]):
         raise JitError(f"TinyJit {self.fn.__name__}: this call's inputs {signature} differ from the captured {self.signature}; "
                        "the captured kernels would compute the wrong thing. Call .reset() to capture again.")
       return self._replay([t.lazydata.realized for t in inputs])  # type: ignore[misc]
-    if self.calls == 1: capturing.append([])
-    try:
+    capturing = self.calls == 1
+    if capturing: Tensor.corealize([])  # index checks made before this call run now, not as part of the capture
+    step_record: contextlib.AbstractContextManager[list[Step]] = steps_run.record() if capturing else contextlib.nullcontext([])
+    check_record: contextlib.AbstractContextManager[list[IndexCheck]] = index_check.checks_made.record() if capturing else contextlib.nullcontext([])
+    with step_record as steps, check_record as checks:
       result = self.fn(*args, **kwargs)
-      Tensor.corealize(_tensors_in(result))
-    finally:
-      steps = capturing.pop() if self.calls == 1 else []
-    if self.calls == 1:
+      Tensor.corealize(_tensors_in(result))  # computes the index checks the function made, too
+    if capturing:
       input_buffers = [t.lazydata.realized for t in inputs]
-      self.steps, self.signature, self.result = steps, signature, result
+      self.steps, self.signature, self.result, self.checks = steps, signature, result, checks
       self.graph = _device_graph(steps)
       self.input_slots = [(step, position, input_buffers.index(buf)) for step, (_, buffers) in enumerate(steps)
                           for position, buf in enumerate(buffers) if any(buf is b for b in input_buffers)]
       if DEBUG >= 1: print(f"TinyJit {self.fn.__name__}: captured {len(steps)} kernels")
     self.calls += 1
+    index_check.read_pending()
     return result
 
   def _replay(self, input_buffers: list[Buffer]) -> ReturnType:
@@ -68,6 +80,7 @@ class TinyJit(Generic[ReturnType]):
     if self.graph is not None and DEBUG < 2: self.graph(input_buffers)  # DEBUG=2 times each kernel: launch them one by one
     else:
       for run, buffers in self.steps: run(buffers)
+    index_check.raise_if_out_of_range(self.checks)
     return self.result
 
 def _device_graph(steps: list[Step]) -> Callable[[list[Buffer]], None] | None:

@@ -11,6 +11,7 @@ from tinyc.ops import BinaryOps, LoadOps
 from tinyc.device import Device
 from tinyc.lazy import LazyBuffer
 from tinyc.realize import realize
+from tinyc import index_check
 from tinyc import function as F
 from tinyc.tensor_movement import MovementMixin
 from tinyc.tensor_index import IndexMixin
@@ -88,12 +89,14 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
     """Compute several tensors in one schedule, so shared work runs once."""
     realize([t.lazydata for t in tensors])
   def numpy(self) -> np.ndarray:
-    """The values as a numpy array of exactly this shape (bfloat16 comes back as float32)."""
+    """The values as a numpy array of exactly this shape (bfloat16 comes back as float32). Raises IndexOutOfRangeError if an index
+    tensor used since the last read of the host had a value out of range (index_check.py)."""
     if self.numel() == 0: return np.zeros(self.shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else self.dtype.np)
     data = self.lazydata
     # a contiguous view of its whole base (a plain reshape) is read as it is; anything else is copied out by a kernel first
     if not (data.base is data or (data.st.contiguous and prod(data.shape) == prod(data.base.shape))): data = data.contiguous()
     realize([data])
+    index_check.read_pending()
     assert data.base.realized is not None
     return data.base.realized.numpy().reshape(self.shape)
   def item(self) -> Scalar:
@@ -213,18 +216,24 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
     if not dtypes.is_float(x.dtype): x, y = x.cast(dtypes.default_float), y.cast(dtypes.default_float)
     return Tensor._apply(F.Div, x, y)
   def floordiv(self, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
-    """Division rounded down, like Python's // (and torch's)."""
-    x, y = self._broadcasted(other, reverse)
+    """Division rounded down, like Python's // (and torch's); an integer x // 0 is 0, as in numpy (a Python 0 raises at once)."""
+    x, y = self._divmod_operands(other, reverse)
     if dtypes.is_float(x.dtype): return (x / y).floor()
-    quotient = Tensor._apply(F.IntegerDiv, x, y)  # truncates toward zero; step down where the signs differ and it was inexact
-    inexact_negative = ((x < 0) != (y < 0)) & (quotient * y != x)
-    return quotient - inexact_negative.cast(quotient.dtype)
+    return Tensor._apply(F.IntegerDiv, x, y) - x._floor_fix(y)[1].cast(x.dtype)  # it truncates toward zero: one less where it was inexact
   def mod(self, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
-    """Remainder with the sign of the divisor, like Python's % (and torch's)."""
+    """Remainder with the sign of the divisor, like Python's % (and torch's); an integer x % 0 is 0, as in numpy."""
+    x, y = self._divmod_operands(other, reverse)
+    remainder, differs = x._floor_fix(y)
+    return differs.where(remainder + y, remainder)
+  def _divmod_operands(self, other: Tensor | Scalar, reverse: bool) -> tuple[Tensor, Tensor]:
     x, y = self._broadcasted(other, reverse)
-    remainder = Tensor._apply(F.Mod, x, y)
-    fix = (remainder != 0) & ((remainder < 0) != (y < 0))
-    return fix.where(remainder + y, remainder)
+    if not reverse and not isinstance(other, Tensor) and other == 0 and not dtypes.is_float(x.dtype):  # torch's CPU raises, and so can we here
+      raise F.IntegerDivisionByZero("ZeroDivisionError: integer // or % by the constant 0 (a 0 in a tensor divisor gives 0 instead)")
+    return x, y
+  def _floor_fix(self, y: Tensor) -> tuple[Tensor, Tensor]:
+    """The truncated remainder self % y (0 where y is 0) and where it is nonzero with a sign other than y's: there // rounds down one more."""
+    remainder = Tensor._apply(F.Mod, self, y)
+    return remainder, (remainder != 0) & ((remainder < 0) != (y < 0))
   def maximum(self, other: Tensor | Scalar) -> Tensor: return Tensor._apply(F.Maximum, *self._broadcasted(other))
   def minimum(self, other: Tensor | Scalar) -> Tensor:
     x, y = self._broadcasted(other)

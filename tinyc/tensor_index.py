@@ -1,12 +1,15 @@
 """Layer 6: Tensor indexing (a mixin of Tensor). Basic indices (int, slice with any step, None, Ellipsis) are views; Tensor and list
 indices and gather() are one-hot contractions (index == arange, select, sum) with no data-dependent shape, so they fuse and differentiate;
-__setitem__ runs the view backwards (pads) and writes through a mask. Imports helpers, dtype, tensor_movement.
+__setitem__ runs the view backwards (pads) and writes through a mask. Index values are checked: a list or numpy index at once, a Tensor
+index when data next reaches the host (index_check.py). Imports helpers, dtype, index_check, tensor_movement.
 """
 from __future__ import annotations
 from typing import Any, NamedTuple
 import numpy as np
 from tinyc.dtype import dtypes
-from tinyc.helpers import argsort, prod
+from tinyc.helpers import CHECK_INDEX, argsort, prod
+from tinyc import index_check
+from tinyc.index_check import IndexOutOfRangeError
 from tinyc.tensor_movement import normalize_axis
 
 BAD_INDEX = "only integers, slices (`:`), ellipsis (`...`), None and integer tensors or lists are valid indices"
@@ -36,7 +39,7 @@ class OneHot(NamedTuple):
 class IndexMixin:
   # ---- parsing ----
   def _index_item(self: Any, item: Any) -> Any:
-    """One index item checked, with lists and numpy arrays made into int Tensors on self's device."""
+    """One index item checked, with lists and numpy arrays made into int numpy arrays (checked against their dim in _plan_index)."""
     if item is None or item is Ellipsis or isinstance(item, slice): return item
     if isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)): return int(item)
     if isinstance(item, (list, tuple, np.ndarray)):  # a tuple inside an index is a list of ints, as in torch
@@ -45,7 +48,7 @@ class IndexMixin:
       if array.dtype == np.bool_: raise TypeError(MASK_INDEX)
       if array.size and array.dtype.kind not in "iu": raise IndexError(f"{BAD_INDEX} (got a list of {array.dtype})")
       fits_int32 = array.size == 0 or -2 ** 31 <= array.min() and array.max() < 2 ** 31
-      return type(self)(array.astype(np.int32 if fits_int32 else np.int64), device=self.device)
+      return array.astype(np.int32 if fits_int32 else np.int64)
     if isinstance(item, type(self)):
       if item.dtype == dtypes.bool: raise TypeError(MASK_INDEX)
       if not dtypes.is_int(item.dtype): raise IndexError(f"tensors used as indices must be long, int, byte or bool tensors (got {item.dtype})")
@@ -76,7 +79,7 @@ class IndexMixin:
         if isinstance(item, slice): start, stop, step = item.indices(size)
         else:  # a Tensor index keeps the whole dim in the view; _one_hot picks from it
           start, stop, step = 0, size, 1
-          tensors.append((len(view), item))
+          tensors.append((len(view), self._checked_index(item, dim, size)))
         count = len(range(start, stop, step))
         if count == 0: bounds.append((0, 0))
         elif step > 0: bounds.append((start, start + (count - 1) * step + 1))
@@ -87,9 +90,34 @@ class IndexMixin:
       dim += 1
     return IndexPlan(tuple(bounds), tuple(steps), tuple(strided), tuple(view), tuple(tensors))
 
+  def _checked_index(self: Any, index: Any, dim: int, size: int) -> Any:
+    """A Tensor or numpy index into dim `dim` (of `size`) as a Tensor on self's device, its values checked: numpy's at once."""
+    message = f"index {{value}} is out of bounds for dimension {dim} with size {size}"
+    if isinstance(index, np.ndarray):
+      bad = index[(index < -size) | (index >= size)]
+      if bad.size: raise IndexOutOfRangeError(message.replace("{value}", str(bad.flat[0])))
+      return type(self)(index, device=self.device)
+    index._check_range(-size, size, f"Tensor index: {message}")
+    return index
+
+  def _check_range(self: Any, low: int, high: int, message: str, ignore: int | None = None) -> None:
+    """Check that low <= every value of this index tensor < high (values equal to `ignore` pass) where data next reaches the host,
+    raising IndexOutOfRangeError(message with {value} replaced by a bad value). One small reduce kernel: the largest and smallest value."""
+    if not CHECK_INDEX or self.numel() == 0: return
+    flat = self.detach().reshape(-1)
+    if flat.dtype == dtypes.bool: flat = flat.cast(dtypes.int32)
+    is_int = dtypes.is_int(flat.dtype)
+    def counted(values: Any, in_range: int) -> Any:  # != as < or >: CMPEQ under the stack's pad would be stored first (schedule rule 4)
+      return values if ignore is None else ((flat < ignore) | (flat > ignore)).where(values, in_range)
+    # the smallest value as the largest of its bitwise NOT (-x would overflow at the dtype's minimum), so that one reduce finds both;
+    # each row is built on its own, as a value both read through the stack's pad would be stored by a kernel of its own first
+    extremes = type(self).stack([counted(flat, low), counted(flat ^ -1, ~low) if is_int else counted(-flat, -low)]).max(1)
+    index_check.add(extremes.lazydata, low, high, message)
+
   def _one_hot(self: Any, plan: IndexPlan) -> OneHot:
     """The one-hot layout of plan's Tensor indices over its view (numpy/torch rules: the index shapes broadcast together; their
-    dims replace the indexed dims if those are adjacent, else they go first). Negative values wrap; out-of-range ones hit nothing."""
+    dims replace the indexed dims if those are adjacent, else they go first). Negative values wrap; out-of-range ones hit nothing
+    (and raise through their index check)."""
     positions = [position for position, _ in plan.tensors]
     indices = [index for _, index in plan.tensors]
     try: batch = tuple(np.broadcast_shapes(*[index.shape for index in indices]))
@@ -114,7 +142,7 @@ class IndexMixin:
   # ---- reading ----
   def __getitem__(self: Any, indices: Any) -> Any:
     """x[indices] as in torch: ints, slices (any step, negative too), None, Ellipsis, int Tensors and lists of ints. Basic indices
-    make a view; Tensor indices a one-hot contraction (one kernel), where an out-of-range index value gives 0 (torch raises)."""
+    make a view; Tensor indices a one-hot contraction (one kernel, and one more to check the index values; see index_check.py)."""
     plan = self._plan_index(indices)
     view = self._basic_view(plan)
     if not plan.tensors: return view
@@ -142,7 +170,7 @@ class IndexMixin:
     return x
 
   def gather(self: Any, *args: Any, **kwargs: Any) -> Any:
-    """out[i][j] = self[idx[i][j]][j] for dim=0 (torch.gather), as a one-hot contraction; out-of-range idx values (negative too) give 0.
+    """out[i][j] = self[idx[i][j]][j] for dim=0 (torch.gather), as a one-hot contraction; idx values must be in [0, size of dim).
     Takes torch's gather(dim, index) and tinygrad's gather(idx, dim), positional (the Tensor is the index) or by keyword."""
     idx, dim = self._gather_arguments(args, kwargs)
     if not isinstance(idx, type(self)): raise TypeError(f"gather(): index must be a Tensor, got {type(idx).__name__}")
@@ -157,6 +185,7 @@ class IndexMixin:
         raise RuntimeError(f"Size does not match at dimension {d} expected index {list(idx.shape)} to be no larger than self {list(self.shape)} "
                            f"apart from dimension {axis}")
     size, others = self.shape[axis], [d for d in range(self.ndim) if d != axis]
+    idx._check_range(0, size, f"gather(): index {{value}} is out of bounds for dimension {axis} with size {size}")
     data = self.shrink(tuple(None if d == axis else (0, s) for d, s in enumerate(idx.shape))).permute(others + [axis])
     data = data.reshape(tuple(1 if d == axis else s for d, s in enumerate(idx.shape)) + (size,))
     hit = idx.to(self.device).reshape(idx.shape + (1,)) == type(self).arange(size, device=self.device)

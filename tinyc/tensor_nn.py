@@ -154,6 +154,7 @@ class NNMixin:
   def sparse_categorical_crossentropy(self: Any, y: Any, ignore_index: int = -1, label_smoothing: float = 0.0) -> Any:
     """Mean cross-entropy of logits self (..., classes) against integer labels y (...); labels equal to ignore_index count for nothing."""
     classes = self.shape[-1]
+    y._check_range(0, classes, f"sparse_categorical_crossentropy: Target {{value}} is out of bounds ({classes} classes)", ignore=ignore_index)
     log_probs = self.log_softmax(-1)
     counted = y != ignore_index
     one_hot = (y.unsqueeze(-1) == type(self).arange(classes, device=self.device)) * counted.unsqueeze(-1)

@@ -13,13 +13,14 @@ from tinyc.dtype import DType, dtypes
 from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
 from tinyc.codegen.uops import UOp, UOps
 
+def _is_signed(dtype: DType) -> bool: return dtypes.is_int(dtype) and not dtypes.is_unsigned(dtype)
 def _max(a: str, b: str) -> str: return f"((({a})!=({a}) || ({a})>({b})) ? ({a}) : ({b}))"  # NaN wins, like torch.maximum
 
 ALU_CODE: dict[Op, Callable[..., str]] = {
   UnaryOps.NEG: lambda x: f"(-{x})", UnaryOps.EXP2: lambda x: f"exp2({x})", UnaryOps.LOG2: lambda x: f"log2({x})",
   UnaryOps.SIN: lambda x: f"sin({x})", UnaryOps.SQRT: lambda x: f"sqrt({x})", BinaryOps.ADD: lambda a, b: f"({a}+{b})",
   BinaryOps.SUB: lambda a, b: f"({a}-{b})", BinaryOps.MUL: lambda a, b: f"({a}*{b})", BinaryOps.DIV: lambda a, b: f"({a}/{b})",
-  BinaryOps.IDIV: lambda a, b: f"({a}/{b})", BinaryOps.MAX: _max, BinaryOps.CMPLT: lambda a, b: f"({a}<{b})",
+  BinaryOps.MAX: _max, BinaryOps.CMPLT: lambda a, b: f"({a}<{b})",
   BinaryOps.CMPEQ: lambda a, b: f"({a}=={b})", BinaryOps.AND: lambda a, b: f"({a}&{b})", BinaryOps.OR: lambda a, b: f"({a}|{b})",
   BinaryOps.XOR: lambda a, b: f"({a}^{b})", TernaryOps.WHERE: lambda c, a, b: f"({c}?{a}:{b})"}
 
@@ -93,7 +94,9 @@ class CStyleRenderer:
     self.names: dict[UOp, str] = {}
     self.uses: dict[UOp, int] = {}
     for uop in uops:
-      repeats = 2 if uop.op is UOps.ALU and uop.arg is BinaryOps.MAX else 1  # max writes its operands twice: name them
+      # max, and a division by a value (guarded), write their operands more than once: name them
+      writes_twice = uop.arg is BinaryOps.MAX or uop.arg in (BinaryOps.IDIV, BinaryOps.MOD) and uop.src[1].op is not UOps.CONST
+      repeats = 2 if uop.op is UOps.ALU and writes_twice else 1
       for src in uop.src: self.uses[src] = self.uses.get(src, 0) + repeats
     self.lines: list[str] = []
     self.depth = 1
@@ -159,14 +162,26 @@ class CStyleRenderer:
     operand_dtype = uop.src[-1].dtype
     assert operand_dtype is not None
     if op is UnaryOps.RECIP: return f"({self.const(1, operand_dtype)}/{operands[0]})"
-    if op is BinaryOps.MOD: return f"fmod({operands[0]},{operands[1]})" if dtypes.is_float(operand_dtype) else f"({operands[0]}%{operands[1]})"
+    if op is BinaryOps.MOD and dtypes.is_float(operand_dtype): return f"fmod({operands[0]},{operands[1]})"
+    if op in (BinaryOps.IDIV, BinaryOps.MOD): return self.int_divmod(op, uop.src[1], operands[0], operands[1], operand_dtype)
     if operand_dtype == dtypes.bool and op is UnaryOps.NEG: return f"(!{operands[0]})"
-    if op is UnaryOps.NEG and dtypes.is_int(operand_dtype) and not dtypes.is_unsigned(operand_dtype):
-      # through unsigned arithmetic: wraps like torch, and gives the compiler no signed overflow to reason with (NVRTC turned
-      # `acc > -x` into `acc + x > 0`, which is wrong from acc = INT_MIN)
-      unsigned = "unsigned " + self.type_name(operand_dtype) if self.dialect.name == "CUDA" else "u" + self.type_name(operand_dtype)
-      return f"(({self.type_name(operand_dtype)})(({unsigned})0-({unsigned}){operands[0]}))"
+    if op is UnaryOps.NEG and _is_signed(operand_dtype): return self.negate_signed(operands[0], operand_dtype)
     return ALU_CODE[op](*operands)
+
+  def negate_signed(self, value: str, dtype: DType) -> str:
+    """-value through unsigned arithmetic: wraps like torch, and gives the compiler no signed overflow to reason with (NVRTC turned
+    `acc > -x` into `acc + x > 0`, which is wrong from acc = INT_MIN)."""
+    unsigned = "unsigned " + self.type_name(dtype) if self.dialect.name == "CUDA" else "u" + self.type_name(dtype)
+    return f"(({self.type_name(dtype)})(({unsigned})0-({unsigned}){value}))"
+
+  def int_divmod(self, op: Op, divisor: UOp, a: str, b: str, dtype: DType) -> str:
+    """Truncating a / b or a % b with x / 0 == x % 0 == 0 (uops.py says why): C leaves a division by 0 undefined (OpenCL on PoCL gave
+    -1 for x % 0), and a signed one by -1 too (INT_MIN / -1 traps), so the division runs only where the divisor is neither."""
+    plain, signed = f"({a}{'/' if op is BinaryOps.IDIV else '%'}{b})", _is_signed(dtype)
+    if divisor.op is UOps.CONST and divisor.arg != 0 and not (signed and divisor.arg == -1): return plain
+    zero, minus_one = self.const(0, dtype), self.const(-1, dtype)
+    if op is BinaryOps.MOD: return f"(({b}=={zero}{f'||{b}=={minus_one}' if signed else ''})?{zero}:{plain})"
+    return f"({b}=={zero}?{zero}:{f'{b}=={minus_one}?{self.negate_signed(a, dtype)}:' if signed else ''}{plain})"
 
   def cast(self, uop: UOp) -> str:
     source, target = uop.src[0].dtype, uop.dtype

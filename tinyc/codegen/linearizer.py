@@ -44,7 +44,7 @@ class Linearizer:
   def const(self, value: Any, dtype: DType) -> UOp: return self.uop(UOps.CONST, dtype, (), cast_python_value(value, dtype))
 
   def alu(self, op: Op, dtype: DType, *src: UOp) -> UOp:
-    if all(s.op is UOps.CONST for s in src) and op in PYTHON_ALU and not (op in (BinaryOps.IDIV, BinaryOps.MOD) and src[-1].arg == 0):
+    if all(s.op is UOps.CONST for s in src) and op in PYTHON_ALU and not (op is BinaryOps.MOD and dtypes.is_float(dtype) and src[-1].arg == 0):
       return self.const(PYTHON_ALU[op](*[s.arg for s in src]), dtype)
     if op is BinaryOps.ADD:
       if _is_const(src[1], 0): return src[0]
@@ -54,6 +54,7 @@ class Linearizer:
       if _is_const(src[0], 1): return src[1]
       if dtypes.is_int(dtype) and (_is_const(src[0], 0) or _is_const(src[1], 0)): return self.const(0, dtype)
     if op is TernaryOps.WHERE and src[0].op is UOps.CONST: return src[1] if src[0].arg else src[2]
+    if op in (BinaryOps.IDIV, BinaryOps.MOD) and not dtypes.is_float(dtype) and _is_const(src[1], 0): return self.const(0, dtype)  # see uops.py
     return self.uop(UOps.ALU, dtype, tuple(src), op)
 
   def cast(self, value: UOp, dtype: DType) -> UOp:

@@ -8,6 +8,7 @@ across CPU threads, the outermost global loop gidx0 runs over [start, end) given
 from __future__ import annotations
 import contextlib
 import math
+import threading
 from typing import Any, Callable
 import llvmlite.ir as ir
 from tinyc.dtype import DType, dtypes
@@ -37,20 +38,18 @@ def _intrinsic(builder: ir.IRBuilder, name: str, dtype: DType, *args: ir.Value) 
   fn = builder.module.globals.get(full_name) or ir.Function(builder.module, ir.FunctionType(ty, [ty] * len(args)), name=full_name)
   return builder.call(fn, list(args), fastmath=FAST_MATH)
 
-def _safe_divisor(builder: ir.IRBuilder, divisor: ir.Value) -> ir.Value:
-  """Integer x/0 would trap and take the process down; it gives x/1 instead (PyTorch raises, a kernel cannot)."""
-  if isinstance(divisor, ir.Constant) and divisor.constant not in (0, -1): return divisor
-  zero_or_minus_one = builder.or_(builder.icmp_signed("==", divisor, ir.Constant(divisor.type, 0)),
-                                  builder.icmp_signed("==", divisor, ir.Constant(divisor.type, -1)))
-  return builder.select(zero_or_minus_one, ir.Constant(divisor.type, 1), divisor)
-
 def _int_divmod(builder: ir.IRBuilder, dtype: DType, a: ir.Value, b: ir.Value, div: bool) -> ir.Value:
-  safe = _safe_divisor(builder, b)
-  if dtypes.is_unsigned(dtype) or dtype == dtypes.bool: return builder.udiv(a, safe) if div else builder.urem(a, safe)
-  result = builder.sdiv(a, safe) if div else builder.srem(a, safe)
-  if isinstance(safe, ir.Constant): return result
-  minus_one = builder.icmp_signed("==", b, ir.Constant(b.type, -1))  # x / -1 == -x, x % -1 == 0 (INT_MIN / -1 traps in hardware)
-  return builder.select(minus_one, builder.neg(a) if div else ir.Constant(a.type, 0), result)
+  """Truncating a / b or a % b with x / 0 == x % 0 == 0 (uops.py says why). The hardware divides by 1 instead of 0 (and, signed,
+  of -1: INT_MIN / -1 traps), and a select puts in the defined value: LLVM may assume a divisor is never 0, so it must not be."""
+  signed = dtypes.is_int(dtype) and not dtypes.is_unsigned(dtype)
+  divide = (builder.sdiv if div else builder.srem) if signed else (builder.udiv if div else builder.urem)
+  if isinstance(b, ir.Constant) and b.constant != 0 and not (signed and b.constant == -1): return divide(a, b)
+  is_zero = traps = builder.icmp_unsigned("==", b, ir.Constant(b.type, 0))
+  if signed: traps = builder.or_(is_zero, is_minus_one := builder.icmp_signed("==", b, ir.Constant(b.type, -1)))
+  result = divide(a, builder.select(traps, ir.Constant(b.type, 1), b))
+  if not div: return result  # x % 1 == 0: already right for 0 and -1
+  if signed: result = builder.select(is_minus_one, builder.neg(a), result)  # x / -1 == -x, wrapping
+  return builder.select(is_zero, ir.Constant(a.type, 0), result)
 
 def _max(builder: ir.IRBuilder, dtype: DType, a: ir.Value, b: ir.Value) -> ir.Value:
   if dtypes.is_float(dtype): return _intrinsic(builder, "maximum", dtype, a, b)  # NaN-propagating, like torch.maximum
@@ -128,9 +127,16 @@ def _to_memory(builder: ir.IRBuilder, value: ir.Value, dtype: DType) -> ir.Value
     return builder.trunc(builder.lshr(rounded, ir.Constant(ir.IntType(32), 16)), ir.IntType(16))
   return value
 
+# llvmlite is not thread-safe as a whole: llvmlite.ir fills tables on first use (its string-escape map), and llvmlite.binding locks
+# each call into LLVM but not a sequence of them. Every use of llvmlite, here and in runtime/ops_llvm.py, holds this lock.
+LLVMLITE_LOCK = threading.Lock()
+
 def render_llvm(function_name: str, uops: list[UOp]) -> str:
   """LLVM IR of `void function_name(ptr data0, ptr data1, ..., i64 start, i64 end)` for these UOps; start and end (only for a
   kernel that cpu_split.outer_split splits) bound the gidx0 loop, and the caller must keep start < end (loops are do-while)."""
+  with LLVMLITE_LOCK: return _render_llvm(function_name, uops)
+
+def _render_llvm(function_name: str, uops: list[UOp]) -> str:
   module = ir.Module(name=function_name)
   buffers = [uop for uop in uops if uop.op is UOps.DEFINE_GLOBAL]
   outer_loop = next((uop for uop in uops if uop.op is UOps.LOOP and uop.arg[0] == "gidx0"), None) if outer_split(uops) else None

@@ -5,14 +5,14 @@ The search keeps the `width` fastest Opt lists, expands each by every legal acti
 worker processes (a candidate whose build fails, crashes its worker or runs past the timeout is dropped, and the worker
 replaced), times them, and stops when a step improves the best time by less than BEAM_MIN_PROGRESS. Candidates that render
 to the same source are timed once. The cache maps a key of (AST, device, settings) to the winning Opt list as JSON text in
-sqlite: data only, and a file that sqlite cannot read is replaced, never trusted.
+sqlite: data only, in a file tinyc marks as its own (it refuses any other file, and rebuilds its own when damaged).
 """
 from __future__ import annotations
 import atexit, contextlib, hashlib, json, math, os, pickle, sqlite3, subprocess, sys, time
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable, Sequence
-from tinyc.helpers import DEBUG, getenv
+from tinyc.helpers import DEBUG, getenv, warn_once
 from tinyc.ops import ConstBuffer, LazyOp, MemBuffer
 from tinyc.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 
@@ -48,7 +48,8 @@ class CompilePool:
   """Worker processes that run build jobs: `job(*args)` for a picklable module-level function. A job that raises gives None; a
   worker that crashes or runs past `timeout_s` is killed and replaced, and its job gives None too. Workers are fresh Python
   processes (`python -c ...worker_main()`) talking pickle over pipes: not forks (the parent may hold a GPU context and
-  thread-pool locks) and not multiprocessing's spawn (which re-runs the user's unguarded __main__ script)."""
+  thread-pool locks) and not multiprocessing's spawn (which re-runs the user's unguarded __main__ script). One map at a time:
+  beam.py runs one search at a time in a process."""
   def __init__(self, workers: int, timeout_s: float) -> None:
     self.size, self.timeout_s = workers, timeout_s
     self.workers: list[subprocess.Popen] = []
@@ -185,29 +186,79 @@ def cache_key(ast: LazyOp, device_key: str) -> str:
 
 def cache_path() -> Path: return Path(getenv("CACHEDB", str(Path.home() / ".cache" / "tinyc" / "beam.db")))
 
-def _open_cache() -> sqlite3.Connection:
-  path = cache_path()
-  path.parent.mkdir(parents=True, exist_ok=True)
+# the cache's own sqlite database: marked by an application id in its header, so that tinyc never reads, rebuilds or deletes a
+# file it did not make; in WAL mode (readers do not wait for a writer), each write one transaction, so processes share it safely
+APPLICATION_ID = 0x74696E63  # "tinc"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+TABLE = "CREATE TABLE IF NOT EXISTS beam (key TEXT PRIMARY KEY, opts TEXT NOT NULL)"
+
+class CacheFileError(RuntimeError):
+  """The BEAM cache path names a file that tinyc did not make."""
+
+def _made_by_tinyc(path: Path) -> bool:
+  """Whether `path` is tinyc's cache (False: absent, empty, or an older tinyc's unmarked cache to adopt); CacheFileError otherwise."""
+  if not path.is_file(): return False
+  with path.open("rb") as file: header = file.read(100)
+  if not header: return False
+  refuse = f"The BEAM cache {path} is not a tinyc cache ({{}}): tinyc neither reads nor replaces it. Set CACHEDB to another file."
+  if not header.startswith(SQLITE_MAGIC) or len(header) < 72: raise CacheFileError(refuse.format("not an sqlite database"))
+  if int.from_bytes(header[68:72], "big") == APPLICATION_ID: return True
   try:
-    connection = sqlite3.connect(path, timeout=30)
-    connection.execute("CREATE TABLE IF NOT EXISTS beam (key TEXT PRIMARY KEY, opts TEXT NOT NULL)")
-    connection.execute("SELECT count(*) FROM beam").fetchone()
-    return connection
-  except sqlite3.DatabaseError as error:  # not a database, or a damaged one: start a new file
-    if DEBUG >= 1: print(f"tinyc: the BEAM cache {path} is unreadable ({error}); starting a new one", file=sys.stderr)
-    path.unlink(missing_ok=True)
-    connection = sqlite3.connect(path, timeout=30)
-    connection.execute("CREATE TABLE IF NOT EXISTS beam (key TEXT PRIMARY KEY, opts TEXT NOT NULL)")
-    return connection
+    with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as connection:
+      tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+  except sqlite3.OperationalError: raise
+  except sqlite3.DatabaseError as error: raise CacheFileError(refuse.format(f"an unmarked, unreadable sqlite database: {error}")) from error
+  if not tables <= {"beam"}: raise CacheFileError(refuse.format(f"an sqlite database with the tables {sorted(tables)}"))
+  return False
+
+def _connect(path: Path) -> sqlite3.Connection:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  made = _made_by_tinyc(path)
+  connection = sqlite3.connect(path, timeout=30, isolation_level=None)  # autocommit: one statement is one transaction
+  try:
+    if not made:  # new (or adopted): mark it, make the table and switch to WAL, racing safely with another process doing the same
+      connection.execute("BEGIN IMMEDIATE")
+      connection.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+      connection.execute(TABLE)
+      connection.execute("COMMIT")
+      connection.execute("PRAGMA journal_mode = WAL")
+    connection.execute("SELECT count(*) FROM beam").fetchone()  # reads every page of the table: damage shows here
+  except BaseException:
+    connection.close()
+    raise
+  return connection
+
+def _open_cache() -> sqlite3.Connection | None:
+  """The cache, made where absent and rebuilt where damaged; None (after one warning) where its location cannot be used."""
+  path = cache_path()
+  unusable = "cannot use the BEAM cache {} ({}): searching without it. Set CACHEDB to a file in a writable directory to keep the results."
+  try:
+    try: return _connect(path)
+    except sqlite3.OperationalError: raise  # cannot open or write (or locked past the timeout): not damage
+    except sqlite3.DatabaseError as error:  # the header says tinyc made it, its contents are damaged
+      print(f"tinyc: the BEAM cache {path} is damaged ({error}); starting a new one", file=sys.stderr)
+      for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")): leftover.unlink(missing_ok=True)
+      return _connect(path)
+  except (OSError, sqlite3.Error) as error:
+    warn_once(unusable.format(path, error))
+    return None
+
+def _cache_execute(statement: str, parameters: tuple[str, ...]) -> list[Any]:
+  """The rows of one statement run on the cache in its own transaction; none (after one warning) where the cache cannot be used."""
+  connection = _open_cache()
+  if connection is None: return []
+  with contextlib.closing(connection):
+    try: return connection.execute(statement, parameters).fetchall()
+    except sqlite3.Error as error:  # a read-only file, a lock held past the timeout: this result is not cached, the search goes on
+      warn_once(f"cannot use the BEAM cache {cache_path()} ({error}): searching without it. Set CACHEDB to a writable file.")
+      return []
 
 def cache_get(key: str) -> tuple[Opt, ...] | None:
   if getenv("IGNORE_BEAM_CACHE", 0): return None
-  with contextlib.closing(_open_cache()) as connection: row = connection.execute("SELECT opts FROM beam WHERE key = ?", (key,)).fetchone()
-  if row is None: return None
-  try: return tuple(Opt(OptOps[op], axis, amount) for op, axis, amount in json.loads(row[0]))
+  rows = _cache_execute("SELECT opts FROM beam WHERE key = ?", (key,))
+  if not rows: return None
+  try: return tuple(Opt(OptOps[op], axis, amount) for op, axis, amount in json.loads(rows[0][0]))
   except (ValueError, KeyError, TypeError): return None  # a row this version cannot read is a miss
 
 def cache_put(key: str, opts: Sequence[Opt]) -> None:
-  text = json.dumps([[opt.op.name, opt.axis, opt.amount] for opt in opts])
-  with contextlib.closing(_open_cache()) as connection, connection:  # the inner `with` commits the one-row transaction
-    connection.execute("INSERT OR REPLACE INTO beam (key, opts) VALUES (?, ?)", (key, text))
+  _cache_execute("INSERT OR REPLACE INTO beam (key, opts) VALUES (?, ?)", (key, json.dumps([[opt.op.name, opt.axis, opt.amount] for opt in opts])))

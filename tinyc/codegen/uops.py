@@ -38,8 +38,14 @@ class UOp:
   def __repr__(self) -> str:
     return f"{self.op.name:13s} {str(self.dtype.name if self.dtype else ''):8s} {[id(s) % 10007 for s in self.src]} {self.arg!r} #{id(self) % 10007}"
 
-def _int_div(a: int, b: int) -> int: return int(a / b) if b != 0 else 0  # C's truncation; x/0 is made 0 (renderers guard it)
-def _int_mod(a: int, b: int) -> int: return a - b * _int_div(a, b)
+# IDIV and MOD truncate toward zero, as C does. x / 0 and x % 0 give 0 on every device, as numpy's // and % do: torch's CPU
+# raises, but a lazy kernel cannot, and 0 costs one select (every renderer divides only by a divisor that is not 0, or -1 if
+# signed: both trap in hardware). INT_MIN / -1 wraps to INT_MIN.
+def _int_div(a: int, b: int) -> int:
+  if b == 0: return 0
+  quotient = abs(a) // abs(b)  # in ints: int(a / b) rounds through a float and loses int64's low bits
+  return quotient if (a < 0) == (b < 0) else -quotient
+def _int_mod(a: int, b: int) -> int: return a - b * _int_div(a, b) if b != 0 else 0
 
 # what each ALU op computes, in Python: constant folding uses it, and so can a reference interpreter
 PYTHON_ALU: dict[Op, Callable[..., Any]] = {

@@ -103,11 +103,13 @@ class InstanceNorm:
     return out * self.weight.reshape(shape) + self.bias.reshape(shape)  # type: ignore[union-attr]
 
 class Embedding:
-  """A lookup table: row i of `weight` for each index i (as a one-hot matmul, so it fuses and differentiates)."""
+  """A lookup table: row i of `weight` for each index i (as a one-hot matmul, so it fuses and differentiates; ids are checked, see
+  index_check.py)."""
   def __init__(self, vocab_size: int, embed_size: int) -> None:
     self.vocab_size = vocab_size
     self.weight = Tensor.randn(vocab_size, embed_size)  # torch: N(0, 1)
   def __call__(self, idx: Tensor) -> Tensor:
+    idx._check_range(0, self.vocab_size, f"Embedding: index out of range in self (id {{value}}, with {self.vocab_size} embeddings)")
     one_hot = idx.unsqueeze(-1) == Tensor.arange(self.vocab_size, device=idx.device)
     return one_hot.cast(self.weight.dtype) @ self.weight
 

@@ -2,12 +2,14 @@
 copies, launches, events), NVRTC for compiling to a cubin of the device's own architecture. Imports helpers, device,
 codegen/, runtime/nvrtc; pycuda appears only here.
 
-Compiled cubins are cached on disk under CACHE_DIR/cuda (default ~/.cache/tinyc), keyed by source, architecture and NVRTC
-version, and written atomically (a temporary file, then a rename), so an interrupted run never leaves a corrupt entry.
+Compiled cubins are cached on disk by runtime/nvrtc.py (cached_cubin).
+
+Threads: a new Python thread has no current CUDA context, and pycuda refuses every call without one, so every entry point that
+touches the driver (allocation, copies, module loads, launches, events, graphs) first makes the device's primary context
+current on its thread (PRIMARY.make_current(): once per thread, then one attribute lookup).
 """
 from __future__ import annotations
-import atexit, ctypes, ctypes.util, functools, hashlib, os, re, struct, tempfile
-from pathlib import Path
+import atexit, ctypes, ctypes.util, functools, re, struct, threading
 from typing import Any, Callable
 import numpy as np
 import pycuda.driver as cuda
@@ -15,33 +17,53 @@ from tinyc.helpers import DEBUG, GlobalCounters, getenv
 from tinyc.codegen.kernel import GPU_MAX_UPCAST, KernelTarget
 from tinyc.device import Allocator, Buffer, Compiled, CompileError, Program
 from tinyc.codegen.cstyle import render_cuda
-from tinyc.runtime.nvrtc import compile_cuda, nvrtc_version
+from tinyc.runtime.nvrtc import cached_cubin, compile_cuda
+
+class PrimaryContext:
+  """The device's primary context, the one the CUDA runtime (and so PyTorch) uses: a context of our own would be swapped out
+  whenever torch runs on the GPU in the same process, and our kernels would then fail with "invalid resource handle".
+  make_current() pushes it on the calling thread once. A thread must pop it before it ends (pycuda aborts the process when a
+  thread ends with a context pushed): the main thread does so at exit, any other thread when its thread-local data is freed,
+  which Python does on that thread as it ends."""
+  def __init__(self) -> None:
+    self.context: Any = None
+    self.threads = threading.local()  # .pushed: this thread has pushed the context
+
+  def open(self, device: Any) -> None:
+    self.context = device.retain_primary_context()
+    self.make_current()
+
+  def make_current(self) -> None:
+    if getattr(self.threads, "pushed", None) is not None: return
+    self.context.push()
+    if threading.current_thread() is threading.main_thread():
+      atexit.register(cuda.Context.pop)
+      self.threads.pushed = True
+    else: self.threads.pushed = _PopWhenFreed()
+
+class _PopWhenFreed:
+  """Kept in a thread's thread-local data: freed on that thread as it ends, and then pops the context it pushed."""
+  def __del__(self) -> None:
+    try: cuda.Context.pop()
+    except cuda.Error as error:
+      if DEBUG >= 1: print(f"tinyc: could not pop the CUDA context of an ending thread: {error}")
+
+PRIMARY = PrimaryContext()
 
 class CUDAAllocator(Allocator):
   def _alloc(self, nbytes: int) -> Any:
+    PRIMARY.make_current()
     try: return cuda.mem_alloc(max(nbytes, 1))
     except cuda.MemoryError as error: raise MemoryError(f"CUDA out of memory allocating {nbytes} bytes: {error}") from error
-  def _free(self, opaque: Any, nbytes: int) -> None: opaque.free()
-  def copyin(self, dest: Any, src: memoryview) -> None: cuda.memcpy_htod(dest, np.frombuffer(src, dtype=np.uint8))
-  def copyout(self, dest: memoryview, src: Any) -> None: cuda.memcpy_dtoh(np.frombuffer(dest, dtype=np.uint8), src)
-
-def cache_dir() -> Path: return Path(getenv("CACHE_DIR", str(Path.home() / ".cache" / "tinyc"))) / "cuda"
-
-def cached_cubin(name: str, source: str, arch: str) -> bytes:
-  """The cubin for `source`, from the disk cache or freshly compiled (then stored)."""
-  key = hashlib.sha256(f"{arch}\0{nvrtc_version()}\0{source}".encode()).hexdigest()
-  path = cache_dir() / f"{key}.cubin"
-  try: return path.read_bytes()
-  except OSError: pass
-  cubin = compile_cuda(name, source, arch, "cubin")
-  try:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".part")
-    with os.fdopen(handle, "wb") as out: out.write(cubin)
-    os.replace(temporary, path)
-  except OSError as error:  # a read-only or full disk only costs the cache
-    if DEBUG >= 1: print(f"tinyc: could not cache {name} in {path.parent}: {error}")
-  return cubin
+  def _free(self, opaque: Any, nbytes: int) -> None:
+    PRIMARY.make_current()
+    opaque.free()
+  def copyin(self, dest: Any, src: memoryview) -> None:
+    PRIMARY.make_current()
+    cuda.memcpy_htod(dest, np.frombuffer(src, dtype=np.uint8))
+  def copyout(self, dest: memoryview, src: Any) -> None:
+    PRIMARY.make_current()
+    cuda.memcpy_dtoh(np.frombuffer(dest, dtype=np.uint8), src)
 
 class CUDACompiler:
   def __init__(self, device: Any) -> None:
@@ -49,11 +71,13 @@ class CUDACompiler:
     self.modules: dict[str, Any] = {}
 
   def compile(self, name: str, source: str) -> Callable[..., float | None]:
+    PRIMARY.make_current()
     if source not in self.modules: self.modules[source] = _load_module(name, cached_cubin(name, source, self.arch))
     return _runner(self.modules[source], name, source)
 
   def load(self, name: str, source: str, cubin: bytes) -> Callable[..., float | None]:
     """A runner for a cubin compiled elsewhere (a BEAM worker)."""
+    PRIMARY.make_current()
     return _runner(_load_module(name, cubin), name, source)
 
 def _load_module(name: str, cubin: bytes) -> Any:
@@ -64,11 +88,14 @@ def _runner(module: Any, name: str, source: str) -> Callable[..., float | None]:
   function = module.get_function(name)
   pack = struct.Struct("P" * _pointer_parameters(source, name)).pack
   # pycuda's prepared_call ends in _launch_kernel: called directly, a launch took 4.5 us on the H200 machine instead of 5.5
-  launch, start, end = function._launch_kernel, cuda.Event(), cuda.Event()
+  launch = function._launch_kernel
   def run(*buffers: Any, global_size: tuple[int, int, int], local_size: tuple[int, int, int], wait: bool = False, stream: Any = None) -> float | None:
     grid = tuple(g // l for g, l in zip(global_size, local_size))
+    PRIMARY.make_current()
     try:
-      if wait: start.record()
+      if wait:
+        start, end = cuda.Event(), cuda.Event()  # this run's own: threads may time one kernel at once
+        start.record()
       launch(grid, local_size, pack(*map(int, buffers)), 0, stream)
       if not wait: return None
       end.record()
@@ -86,18 +113,18 @@ class CUDAGraph:
     self.steps = steps
     self.executables: dict[tuple[int, ...], ctypes.c_void_p] = {}  # input addresses -> instantiated graph, oldest first
     self.recordings = 0
+    PRIMARY.make_current()
     self.stream = cuda.Stream(flags=1)  # CU_STREAM_NON_BLOCKING: a capturing stream must not wait on the legacy stream
     self.flops, self.mem_bytes = sum(program.flops for program, _ in steps), sum(program.mem_bytes for program, _ in steps)
 
   def __call__(self, input_buffers: list[Buffer]) -> None:
+    PRIMARY.make_current()
     addresses = tuple(int(buf.opaque) for buf in input_buffers)
     if addresses not in self.executables:
       if len(self.executables) >= GRAPHS_KEPT: _check(_driver.cuGraphExecDestroy(self.executables.pop(next(iter(self.executables)))))
       self.executables[addresses] = self._record()
     _check(_driver.cuGraphLaunch(self.executables[addresses], None))  # on the legacy default stream: ordered with every launch and copy
-    GlobalCounters.kernel_count += len(self.steps)
-    GlobalCounters.global_ops += self.flops
-    GlobalCounters.global_mem += self.mem_bytes
+    GlobalCounters.add(kernels=len(self.steps), ops=self.flops, mem=self.mem_bytes)
 
   def _record(self) -> ctypes.c_void_p:
     graph, executable = ctypes.c_void_p(), ctypes.c_void_p()
@@ -112,6 +139,7 @@ class CUDAGraph:
     return executable
 
   def __del__(self) -> None:
+    if self.executables: PRIMARY.make_current()
     for executable in self.executables.values(): _driver.cuGraphExecDestroy(executable)
 
 GRAPHS_KEPT = 4  # recorded graphs a CUDAGraph keeps, for as many sets of input addresses
@@ -142,11 +170,7 @@ def open_device() -> Compiled:
     raise RuntimeError(f"CUDA=1 but the CUDA driver is not usable ({error}): check the NVIDIA driver, or use LLVM=1") from error
   if count == 0: raise RuntimeError("CUDA=1 but no CUDA GPU is visible: check CUDA_VISIBLE_DEVICES, or use LLVM=1")
   device = cuda.Device(getenv("CUDA_DEVICE", 0))
-  # the device's primary context, the one the CUDA runtime (and so PyTorch) uses: a context of our own would be swapped out
-  # whenever torch runs on the GPU in the same process, and our kernels would then fail with "invalid resource handle"
-  context = device.retain_primary_context()
-  context.push()
-  atexit.register(context.pop)
+  PRIMARY.open(device)
   if DEBUG >= 1: print(f"CUDA device: {device.name()} (sm_{''.join(map(str, device.compute_capability()))})")
   compiler = CUDACompiler(device)
   attribute = lambda name: device.get_attribute(getattr(cuda.device_attribute, name))  # noqa: E731

@@ -5,16 +5,19 @@ Facts that shaped it: llvmlite >= 0.45 has no llvm.initialize() and no legacy pa
 a target machine made without the host's CPU name and features emits SSE only, so they are passed explicitly. A ctypes
 CFUNCTYPE call releases the GIL while native code runs, so Python threads calling one kernel on different ranges of its
 outermost loop run it on several cores at once.
+
+Threads: one MCJIT engine holds every kernel and llvmlite locks each call into LLVM but not a sequence of them, so each compile
+(parse, optimize, add to the engine, finalize, look up the address) holds codegen/llvmir.py's LLVMLITE_LOCK. Kernels run without it.
 """
 from __future__ import annotations
-import concurrent.futures, ctypes, functools, os, time
+import concurrent.futures, ctypes, functools, os, threading, time
 from typing import Any, Callable
 import numpy as np
 import llvmlite.binding as llvm
 from tinyc.helpers import CPU_THREADS, DEBUG
 from tinyc.device import Allocator, Compiled, CompileError
 from tinyc.codegen.cpu_split import split_range
-from tinyc.codegen.llvmir import render_llvm
+from tinyc.codegen.llvmir import LLVMLITE_LOCK, render_llvm
 
 class HostMemory:
   """A block of CPU memory: a numpy byte array (64-byte aligned, for aligned vector loads) and its address for ctypes."""
@@ -58,26 +61,28 @@ def optimized_module(name: str, source: str) -> Any:
 
 def compile_object(name: str, source: str) -> bytes:
   """Runs in a BEAM worker process (the same machine): the kernel as a native object file."""
-  return bytes(host_target_machine().emit_object(optimized_module(name, source)))
+  with LLVMLITE_LOCK: return bytes(host_target_machine().emit_object(optimized_module(name, source)))
 
 class LLVMCompiler:
   """One MCJIT engine for the process; each kernel's IR is optimized at O3 and added as a module. Cached by IR text."""
   def __init__(self) -> None:
-    self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), host_target_machine())
+    with LLVMLITE_LOCK: self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), host_target_machine())
     self.cache: dict[str, int] = {}
 
   def compile(self, name: str, source: str) -> Callable[..., float | None]:
-    if source not in self.cache:
-      self.engine.add_module(optimized_module(name, source))
-      self.engine.finalize_object()
-      self.cache[source] = self.engine.get_function_address(name)
-    return make_runner(self.cache[source])
+    with LLVMLITE_LOCK:
+      if source not in self.cache:
+        self.engine.add_module(optimized_module(name, source))
+        self.engine.finalize_object()
+        self.cache[source] = self.engine.get_function_address(name)
+      return make_runner(self.cache[source])
 
   def load(self, name: str, source: str, native_object: bytes) -> Callable[..., float | None]:
     """A runner for an object file compiled by a BEAM worker (each candidate has a name of its own)."""
-    self.engine.add_object_file(llvm.ObjectFileRef.from_data(native_object))
-    self.engine.finalize_object()
-    return make_runner(self.engine.get_function_address(name))
+    with LLVMLITE_LOCK:
+      self.engine.add_object_file(llvm.ObjectFileRef.from_data(native_object))
+      self.engine.finalize_object()
+      return make_runner(self.engine.get_function_address(name))
 
 def make_runner(address: int) -> Callable[..., float | None]:
   function = ctypes.CFUNCTYPE(None)(address)  # no argtypes: each call passes c_void_p pointers (and c_int64 bounds) as they are
@@ -96,7 +101,11 @@ def run_ranges(function: Callable[..., None], pointers: list[ctypes.c_void_p], r
   """function(*pointers, start, end) for every range at once: the first on this thread, the others on pool threads. Returns when
   all have finished, so no thread still writes a buffer after its kernel has returned."""
   bounds = [(ctypes.c_int64(start), ctypes.c_int64(end)) for start, end in ranges]
-  futures = [worker_pool(len(ranges) - 1).submit(function, *pointers, *range_bounds) for range_bounds in bounds[1:]]
+  futures: list[concurrent.futures.Future] = []
+  if len(bounds) > 1:
+    with _pool_lock:  # no other thread replaces the pool between getting it and submitting to it
+      pool = worker_pool(len(bounds) - 1)
+      futures = [pool.submit(function, *pointers, *range_bounds) for range_bounds in bounds[1:]]
   try: function(*pointers, *bounds[0])
   finally: join(futures)
   for future in futures: future.result()  # raise what a worker raised
@@ -118,6 +127,7 @@ def cpu_threads() -> int: return CPU_THREADS.value or cores()
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_size = 0
+_pool_lock = threading.Lock()
 
 def worker_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
   """The process-wide pool of kernel threads, made on first use and made anew when CPU_THREADS asks for more than it has."""
@@ -128,8 +138,8 @@ def worker_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
   return _pool
 
 def _forget_pool() -> None:
-  global _pool
-  _pool = None
+  global _pool, _pool_lock
+  _pool, _pool_lock = None, threading.Lock()  # a lock another thread held at the fork stays held in the child
 # a forked child has none of its parent's threads: a pool inherited from it would take ranges and never run them
 if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_forget_pool)
 

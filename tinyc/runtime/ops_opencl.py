@@ -2,9 +2,11 @@
 pyopencl appears only here.
 
 A GPU device is preferred over a CPU one; CL_PLATFORM and CL_DEVICE (an index, or part of the name) choose explicitly.
+Threads: OpenCL calls are thread-safe except setting a kernel object's arguments, so a launch (set the arguments, enqueue) holds
+the kernel's lock; the kernel then runs, and is waited for, without it.
 """
 from __future__ import annotations
-import functools, time
+import functools, threading, time
 from typing import Any, Callable
 import numpy as np
 import pyopencl as cl
@@ -65,10 +67,11 @@ class CLCompiler:
 
   def _runner(self, program: Any, name: str) -> Callable[..., float | None]:
     kernel = getattr(program, name)
-    queue = self.queue
+    queue, launching = self.queue, threading.Lock()
     def run(*buffers: Any, global_size: tuple[int, ...], local_size: tuple[int, ...], wait: bool = False) -> float | None:
       started = time.perf_counter()
-      try: event = kernel(queue, global_size, local_size, *buffers)
+      try:
+        with launching: event = kernel(queue, global_size, local_size, *buffers)
       except cl.Error as error:
         raise RuntimeError(f"OpenCL could not launch kernel {name} over {global_size} in groups of {local_size}: {error}") from error
       if not wait: return None
