@@ -1,5 +1,5 @@
 """Bad input, side by side with PyTorch: for each row, tinyc raises an instance of the exception class torch raises for the same
-mistake, with a message that names the problem. The rows run no kernels (every error is found while the graph is built)."""
+mistake, with a message that names the problem. Most errors are found while the graph is built; an out-of-range index value is\nfound where data reaches the host (numpy, item, tolist), so those rows read it back."""
 from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
@@ -7,7 +7,7 @@ import pytest
 import safetensors.torch
 import torch
 import torch.nn.functional as tF
-from tinyc import Tensor, dtypes
+from tinyc import Tensor, dtypes, nn
 from tinyc.nn.state import safe_load
 
 def tx(*shape: int) -> Tensor: return Tensor.ones(*shape)
@@ -77,8 +77,19 @@ ERRORS: dict[str, tuple[Callable[..., Any], Callable[..., Any], str]] = {
   "backward_without_grad": (lambda: tx(2).sum().backward(), lambda: th(2).sum().backward(), "does not require grad"),
   "bool_of_many": (lambda: bool(tx(2)), lambda: bool(th(2)), "ambiguous"),
   "bad_safetensors": (lambda path: safe_load(not_safetensors(path)), lambda path: safetensors.torch.load_file(not_safetensors(path)), "header"),
-  # ---- out-of-range index values (Tensor indices, gather, Embedding, labels): rows go here ----
-  # ---- integer division and modulo by zero: rows go here ----
+  # ---- out-of-range index values (Tensor indices, gather, Embedding, labels): raised where data reaches the host ----
+  "tensor_index_too_high": (lambda: Tensor.arange(5)[Tensor([1, 7])].numpy(), lambda: torch.arange(5)[torch.tensor([1, 7])],
+                            "index 7 is out of bounds for dimension 0 with size 5"),
+  "tensor_index_too_low": (lambda: Tensor.arange(5)[Tensor([-9])].tolist(), lambda: torch.arange(5)[torch.tensor([-9])],
+                           "index -9 is out of bounds for dimension 0 with size 5"),
+  "gather_index": (lambda: tx(3).gather(0, Tensor([5])).numpy(), lambda: th(3).gather(0, torch.tensor([5])),
+                   "index 5 is out of bounds for dimension 0 with size 3"),
+  "embedding_id": (lambda: nn.Embedding(5, 2)(Tensor([9])).numpy(), lambda: torch.nn.Embedding(5, 2)(torch.tensor([9])), "id 9"),
+  "label_out_of_range": (lambda: tx(2, 3).sparse_categorical_crossentropy(Tensor([7, 0])).item(),
+                         lambda: tF.cross_entropy(th(2, 3), torch.tensor([7, 0])), "Target 7 is out of bounds"),
+  # ---- integer division and modulo by a constant zero: raised when the graph is built ----
+  "floordiv_by_zero": (lambda: Tensor([1, 2]) // 0, lambda: torch.tensor([1, 2]) // 0, "ZeroDivisionError"),
+  "mod_by_zero": (lambda: Tensor([1, 2]) % 0, lambda: torch.tensor([1, 2]) % 0, "ZeroDivisionError"),
 }
 
 def builtin_class(error: BaseException) -> type[BaseException]:
