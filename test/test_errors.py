@@ -1,5 +1,6 @@
 """Bad input, side by side with PyTorch: for each row, tinyc raises an instance of the exception class torch raises for the same
-mistake, with a message that names the problem. Most errors are found while the graph is built; an out-of-range index value is\nfound where data reaches the host (numpy, item, tolist), so those rows read it back."""
+mistake, with a message that names the problem. Most errors are found while the graph is built; an out-of-range index value is
+found where data reaches the host (numpy, item, tolist), so those rows read it back."""
 from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
