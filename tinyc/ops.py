@@ -18,8 +18,9 @@ class ReduceOps(Enum):
 class MovementOps(Enum):
   RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); STRIDE = auto()  # noqa: E702
 class BufferOps(Enum):
-  """The leaves and the root of a kernel's AST."""
-  LOAD = auto(); CONST = auto(); STORE = auto()  # noqa: E702
+  """The leaves and the root of a kernel's AST: LOAD and CONST are leaves, each STORE writes one output, and the SINK holds the
+  kernel's STOREs."""
+  LOAD = auto(); CONST = auto(); STORE = auto(); SINK = auto()  # noqa: E702
 class LoadOps(Enum):
   """Graph nodes that are not plain values: EMPTY allocates, CONST is a scalar, COPY moves data across devices, CONTIGUOUS
   stores srcs[0] in its own memory, ASSIGN stores srcs[0] into the buffer of srcs[1] (a realized base) in place."""

@@ -90,13 +90,13 @@ class KernelBuilder:
     if self.reduce_shape is not None and self.reduce_shape != root.shape:
       # the epilogue was built in the root's shape; the kernel runs in the reduce's (same size, 1 in each reduced axis)
       value, st = self._reshape_epilogue(value, self.reduce_shape), st.reshape(self.reduce_shape)
-    self.ast = LazyOp(BufferOps.STORE, (value,), MemBuffer(0, root.dtype, st))
+    self.ast = LazyOp(BufferOps.SINK, (LazyOp(BufferOps.STORE, (value,), MemBuffer(0, root.dtype, st)),))
 
   def reads_target_through_another_view(self) -> bool:
     """Whether this ASSIGN kernel loads the buffer it overwrites at other indices than the one it stores to."""
     target = self.root.srcs[1]
     if target not in self.inputs: return False
-    number, store_st = self.inputs.index(target) + 1, self.ast.arg.st
+    number, store_st = self.inputs.index(target) + 1, self.ast.src[0].arg.st
     return any(node.op is BufferOps.LOAD and node.arg.idx == number and node.arg.st != store_st for node in self.ast.walk())
 
   def _load(self, base: LazyBuffer, st: ShapeTracker) -> LazyOp:

@@ -18,23 +18,23 @@ stores, and the runtime's work-group size.
 from __future__ import annotations
 from tinyc.helpers import NOOPT, prod
 from tinyc.ops import MemBuffer
-from tinyc.codegen.kernel import MAX_UPCAST, Kernel, KernelOptError, Opt, OptOps
+from tinyc.codegen.kernel import MAX_UPCAST, AxisKind, Kernel, KernelOptError, Opt, OptOps
 
 def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   """Apply the heuristic's Opts to `kernel` and return them (none with NOOPT=1)."""
   if NOOPT: return []
   if kernel.target.has_local: return _gpu_optimizations(kernel)
-  if kernel.reduceop is None: return []  # elementwise loops are vectorized by LLVM as they are
+  if not kernel.axes(AxisKind.REDUCE): return []  # elementwise loops are vectorized by LLVM as they are
   # strides ignoring masks: a padded input still walks memory with these strides where it is valid
   inputs = [i for i, buf in enumerate(kernel.bufs) if isinstance(buf, MemBuffer) and buf.idx != 0]
   def strides(i: int) -> tuple[int | None, ...]: return kernel.sts[i].real_strides(ignore_valid=True)
-  innermost_reduce = kernel.shape_len - kernel.upcasted - 1
+  innermost_reduce = kernel.axes(AxisKind.REDUCE)[-1]
   if kernel.full_shape[innermost_reduce] >= 16 and all(strides(i)[innermost_reduce] in (0, 1) for i in inputs):
     # LLVM vectorizes a long contiguous reduce loop by itself: tile two broadcast axes for reuse
     for _ in range(2): _try_upcast(kernel, _broadcast_axes(kernel, inputs), (4,))
     return kernel.applied_opts
   # vectorize across the output's contiguous axis, then reuse each vector load across a tile of an axis it is broadcast along
-  contiguous = [axis for axis in range(kernel.first_reduce) if strides(0)[axis] == 1 and any(strides(i)[axis] == 1 for i in inputs)]
+  contiguous = [axis for axis in kernel.axes(AxisKind.GLOBAL) if strides(0)[axis] == 1 and any(strides(i)[axis] == 1 for i in inputs)]
   if _try_upcast(kernel, contiguous, (16, 8, 4, 0)) is None: return kernel.applied_opts
   vector_loaded = [i for i in inputs if kernel.sts[i].real_strides(ignore_valid=True)[-1] == 1]
   lanes_left = min(MAX_UPCAST, kernel.target.max_upcast) // kernel.upcast_size
@@ -43,8 +43,9 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   return kernel.applied_opts
 
 def _broadcast_axes(kernel: Kernel, inputs: list[int]) -> list[int]:
-  """Global axes along which one of `inputs` stays put: upcasting one reuses each load of it across the lanes."""
-  return [axis for axis in range(kernel.first_reduce)
+  """GLOBAL axes along which one of `inputs` stays put: upcasting one reuses each load of it across the lanes. (GLOBAL axes come
+  first in the layout, so an axis is also its number in UPCAST and LOCAL Opts.)"""
+  return [axis for axis in kernel.axes(AxisKind.GLOBAL)
           if kernel.full_shape[axis] > 1 and any(kernel.sts[i].real_strides(ignore_valid=True)[axis] == 0 for i in inputs)]
 
 def _try_upcast(kernel: Kernel, axes: list[int], amounts: tuple[int, ...]) -> int | None:
@@ -64,23 +65,22 @@ GPU_THREADS = 1 << 18  # threads that keep an H200 busy (132 SMs x 2048)
 def _gpu_optimizations(kernel: Kernel) -> list[Opt]:
   inputs = [i for i, buf in enumerate(kernel.bufs) if isinstance(buf, MemBuffer) and buf.idx != 0]
   def strides(i: int) -> tuple[int | None, ...]: return kernel.sts[i].real_strides(ignore_valid=True)
-  outputs = prod(kernel.full_shape[:kernel.first_reduce])
-  if kernel.reduceop is None:
-    contiguous = [axis for axis in range(kernel.first_reduce) if strides(0)[axis] == 1]
+  outputs = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GLOBAL, AxisKind.LOCAL))
+  if not kernel.axes(AxisKind.REDUCE):
+    contiguous = [axis for axis in kernel.axes(AxisKind.GLOBAL) if strides(0)[axis] == 1]
     _try_upcast(kernel, contiguous[-1:], (4,))
     return kernel.applied_opts
-  last_reduce = kernel.shape_len - kernel.upcasted - 1
-  reduce_size = prod(kernel.full_shape[kernel.first_reduce:kernel.shape_len - kernel.upcasted])
-  if (outputs * 16 < GPU_THREADS or kernel.row_kernel) and reduce_size >= 256:  # few outputs (or rows): each becomes a work-group
-    if any(strides(i)[last_reduce] == 1 for i in inputs): _try(kernel, Opt(OptOps.UNROLL, last_reduce - kernel.first_reduce, 4))
+  last_reduce, last_number = kernel.axes(AxisKind.REDUCE)[-1], len(kernel.axes(AxisKind.REDUCE)) - 1  # UNROLL and GROUP count REDUCE axes
+  reduce_size = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GROUP, AxisKind.REDUCE))
+  if (outputs * 16 < GPU_THREADS or kernel.stores_rows) and reduce_size >= 256:  # few outputs (or rows): each becomes a work-group
+    if any(strides(i)[last_reduce] == 1 for i in inputs): _try(kernel, Opt(OptOps.UNROLL, last_number, 4))
     # a row kernel walks its row several times: about 16 elements a thread each time (measured on the H200: softmax rows of 8192
     # ran in 146 us with 512 threads against 166 with 256; rows of 1024 and 512 were fastest with 64-128 and 32-64 threads)
-    largest = max(32, min(512, reduce_size // 16)) if kernel.row_kernel else 256
+    largest = max(32, min(512, reduce_size // 16)) if kernel.stores_rows else 256
     for amount in (a for a in (512, 256, 128, 64, 32, 16) if a <= largest):
-      if _try(kernel, Opt(OptOps.GROUP, kernel.shape_len - kernel.upcasted - 1 - kernel.first_reduce, amount)): break
+      if _try(kernel, Opt(OptOps.GROUP, last_number, amount)): break
     # then a short loop left over is unrolled whole: its loads all go out at once (the H200 sum of 64M: 94% of copy against 91%)
-    if (last_loop := kernel.shape_len - kernel.upcasted - 1) >= kernel.first_reduce_loop and kernel.full_shape[last_loop] <= 16:
-      _try(kernel, Opt(OptOps.UNROLL, last_loop - kernel.first_reduce_loop, 0))
+    if (loops := kernel.axes(AxisKind.REDUCE)) and kernel.full_shape[loops[-1]] <= 16: _try(kernel, Opt(OptOps.UNROLL, len(loops) - 1, 0))
     return kernel.applied_opts
   # register tile: 4 lanes along two axes that an input is broadcast along, the axes where the most input data is reused first.
   # A big matmul (>= 1024 products per output, both axes >= 256) gets 8x8 tiles and stages its inputs (see _stage_big_matmul);
@@ -95,13 +95,14 @@ def _gpu_optimizations(kernel: Kernel) -> list[Opt]:
     candidates = [axis for axis in _broadcast_axes(kernel, inputs) if kernel.full_shape[axis] >= 16 and axis not in tiled]
     if (axis := _try_upcast(kernel, sorted(candidates, key=reuse), (8, 4) if big else (4,))) is not None: tiled.append(axis)
   # unroll the innermost reduce: 4 elements a trip (16-byte loads where it is contiguous), or all of a short one (a conv's 3)
-  _try(kernel, Opt(OptOps.UNROLL, last_reduce - kernel.first_reduce, 0 if kernel.full_shape[last_reduce] <= 4 else 4))
+  _try(kernel, Opt(OptOps.UNROLL, last_number, 0 if kernel.full_shape[last_reduce] <= 4 else 4))
   # work-group tile: up to 16 (8) threads along each of the two innermost global axes (the largest divisor of each). They are
   # applied outermost first, so the innermost (usually the contiguous one) becomes launch dimension 0 and neighbouring threads
   # touch neighbouring memory.
   plan: list[tuple[int, int]] = []
   budget, most = (32, 8) if big else (256, 16)  # 64 accumulators a thread leave registers for fewer threads
-  for axis in reversed(range(max(0, kernel.global_dims - 2), kernel.global_dims)):
+  global_dims = len(kernel.axes(AxisKind.GLOBAL))
+  for axis in reversed(range(max(0, global_dims - 2), global_dims)):
     divisors = [a for a in range(2, min(most, budget) + 1) if kernel.full_shape[axis] % a == 0]
     if divisors:
       plan.insert(0, (axis, divisors[-1]))
@@ -118,7 +119,7 @@ def _stage_big_matmul(kernel: Kernel, axes: list[int], inputs: list[int]) -> boo
   16 elements of the reduce a loop trip. Measured on the H200 at 4096 (cuBLAS: about 50): 46.6 TFLOP/s, against 44.6 for an
   unroll of 8 and 45.2 for 16 x 16 threads; with 16 x 16 threads and an unroll of 8, 37.5 split, 35.6 not split and 21.0 not
   staged. The best plan without staging (below) runs 32."""
-  last_reduce = kernel.shape_len - kernel.upcasted - 1 - kernel.first_reduce
+  last_reduce = len(kernel.axes(AxisKind.REDUCE)) - 1
   cols = next((axis for axis in axes if kernel.sts[0].real_strides()[axis] == 1), axes[-1])  # the output's contiguous axis
   rows = next(axis for axis in axes if axis != cols)
   plan = [Opt(OptOps.UPCAST, cols, 4), Opt(OptOps.UPCAST, rows, 4), Opt(OptOps.LOCAL, rows, 8), Opt(OptOps.LOCAL, cols, 16),

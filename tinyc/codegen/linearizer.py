@@ -6,17 +6,34 @@ A UOp made inside a loop is only reused inside that loop, so every renderer can 
 """
 from __future__ import annotations
 import itertools
+from dataclasses import dataclass
 from typing import Any, Callable, cast
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import DEBUG, prod
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, ReduceOps, TernaryOps, UnaryOps
 from tinyc.shape.shapetracker import flatten_node, unflatten_node
 from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, simplify_given_valid
-from tinyc.codegen.kernel import Kernel
+from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel
 from tinyc.codegen.uops import PYTHON_ALU, VECTOR_WIDTH, UOp, UOps, cast_python_value
-from tinyc.codegen.tiles import define_tile, load_tiles, read_tile, store_tiles
+from tinyc.codegen.tiles import Tile, define_tile, load_tiles, read_tile, store_tiles
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
+
+@dataclass
+class Scope:
+  """What code at one place of the kernel knows: the index of each bound axis (a thread id or an open loop), the lane axes
+  (each lane its own straight-line value), the reduces computed so far (reduce -> the lane axes its results are keyed by, and
+  the results), and, inside a staged reduce loop, which of the two tiles this trip reads."""
+  bound: dict[int, Node]
+  lane_axes: list[int]
+  reduced: dict[LazyOp, tuple[tuple[int, ...], dict[tuple[int, ...], UOp]]]
+  tile_parity: Node | None = None
+
+@dataclass(frozen=True)
+class Lanes:
+  """The lanes of one computation: each lane's index of every axis, laid out row-major over `sizes` (one size a lane axis)."""
+  idxs: list[list[Node]]
+  sizes: list[int]
 
 class Linearizer:
   """`threads`: the global axes become thread ids (SPECIAL, for GPUs; the last axis is dimension 0 so neighbouring threads
@@ -27,7 +44,14 @@ class Linearizer:
     self._made: dict[tuple, UOp] = {}
     self._scopes: list[list[tuple]] = [[]]  # keys made inside each open loop, forgotten when it ends
     self.loop_uops: dict[str, UOp] = {}
-    self.lane_sizes: list[int] = []
+    self.thread_idxs: dict[int, Node] = {}  # the index variable of each GLOBAL, LOCAL and GROUP axis
+    self.open_ifs: list[UOp] = []  # blocks that close at the kernel's end (the threads with group id 0 going on alone)
+    self.globals: dict[int, UOp] = {}
+    self.tiles: dict[MemBuffer | ConstBuffer, Tile] = {}
+    self._value_axes: dict[LazyOp, frozenset[int]] = {}
+    self._locals_at = 0  # where the next DEFINE_LOCAL goes
+    self._depth = 0  # reduce loops open around the code being made
+    self._open_loops: list[UOp] = []
     self.index_dtype = dtypes.int32 if max(st.real_size() for st in kernel.sts) < 2**31 else dtypes.int64
 
   # ---- making UOps ----
@@ -66,6 +90,7 @@ class Linearizer:
     bounds = (self.const(0, self.index_dtype), self.const(size, self.index_dtype))
     loop = self.uop(UOps.LOOP, self.index_dtype, bounds, (name, self._worth_vectorizing(axis)), pure=False)
     self.loop_uops[name] = loop
+    self._open_loops.append(loop)
     self._scopes.append([])
     return loop
 
@@ -78,6 +103,7 @@ class Linearizer:
 
   def end(self, loop: UOp) -> None:
     self.uop(UOps.END, None, (loop,), pure=False)
+    if loop in self._open_loops: self._open_loops.remove(loop)
     for key in self._scopes.pop(): self._made.pop(key, None)
 
   # ---- index math: symbolic Nodes -> UOps ----
@@ -110,35 +136,31 @@ class Linearizer:
     src = (self.globals[buf.idx], self.index(index)) + ((valid_uop,) if valid_uop is not None else ())
     return self.uop(UOps.LOAD, buf.dtype, src)
 
-  def parse(self, node: LazyOp, lanes: list[list[Node]], reduced: dict[LazyOp, list[UOp]]) -> list[UOp]:
-    """The values of `node`, one per upcast lane (each lane is a list of per-axis index expressions)."""
+  def parse(self, node: LazyOp, lanes: Lanes, scope: Scope) -> list[UOp]:
+    """The values of `node`, one per lane."""
     if node.op in (BufferOps.LOAD, BufferOps.CONST):
-      if (tile := self.tiles.get(node.arg)) is not None: return read_tile(self, tile, node.arg.dtype, lanes)
-      return self.read(node.arg, lanes, self.lane_sizes)
+      if (tile := self.tiles.get(node.arg)) is not None:
+        assert scope.tile_parity is not None, "a staged buffer is read inside its reduce loop"
+        return read_tile(self, tile, node.arg.dtype, lanes.idxs, lanes.sizes, scope.tile_parity)
+      return self.read(node.arg, lanes.idxs, lanes.sizes)
     if node.op in ReduceOps:
-      assert node in reduced, "the reduce's value is read before it was computed"
-      return [reduced[node][acc] for acc in self.accumulator_numbers()]
-    srcs = [self.parse(src, lanes, reduced) for src in node.src]
+      if node not in scope.reduced: self.reduce(node, scope)  # a reduce that depends on an axis bound here and no further out
+      key_axes, results = scope.reduced[node]
+      return [results[tuple(cast(NumNode, idxs[axis]).b for axis in key_axes)] for idxs in lanes.idxs]
+    srcs = [self.parse(src, lanes, scope) for src in node.src]
     if node.op is UnaryOps.CAST: return [self.cast(value, node.arg) for value in srcs[0]]
     if node.op is UnaryOps.BITCAST: return [self.uop(UOps.BITCAST, node.arg, (value,)) for value in srcs[0]]
     return [self.alu(node.op, node.dtype, *values) for values in zip(*srcs)]
 
-  def lanes(self, loop_idxs: list[Node], upcast_axes: list[int], fixed: dict[int, int]) -> list[list[Node]]:
-    """Index lists for every combination of the upcast axes' values (axes in `fixed` hold one value instead)."""
-    kernel = self.kernel
-    ranges = [[fixed[axis]] if axis in fixed else list(range(kernel.full_shape[axis])) for axis in upcast_axes]
-    self.lane_sizes = [len(r) for r in ranges]  # of the lanes being parsed: vector_groups and accumulator_numbers read them
-    return [loop_idxs + [NumNode(v) for v in values] for values in itertools.product(*ranges)]
-
-  def accumulator_numbers(self) -> list[int]:
-    """For each lane being parsed, its reduce accumulator: its position among the output (not unrolled) upcast axes."""
-    kernel, sizes = self.kernel, self.lane_sizes
-    output_axes = [position for position, axis in enumerate(kernel.upcast_axes) if kernel.reduced_shape[axis] == kernel.full_shape[axis]]
-    numbers = []
-    for lane in range(prod(sizes)):
-      digits = [(lane // prod(sizes[i + 1:])) % sizes[i] for i in range(len(sizes))]
-      numbers.append(sum(digits[position] * prod(sizes[p] for p in output_axes if p > position) for position in output_axes))
-    return numbers
+  def lanes(self, scope: Scope) -> Lanes:
+    """Every combination of the scope's lane axes' values, each as one index per axis (an axis not bound reads index 0)."""
+    full_shape = self.kernel.full_shape
+    ranges = [range(full_shape[axis]) for axis in scope.lane_axes]
+    idxs = []
+    for values in itertools.product(*ranges):
+      at = dict(zip(scope.lane_axes, values))
+      idxs.append([NumNode(at[axis]) if axis in at else scope.bound.get(axis, NumNode(0)) for axis in range(len(full_shape))])
+    return Lanes(idxs, [len(r) for r in ranges])
 
   def read(self, buf: MemBuffer | ConstBuffer, lanes: list[list[Node]], sizes: list[int]) -> list[UOp]:
     """The values of a buffer at `lanes` (laid out as `sizes`): vector loads where lanes are neighbours, else one load each."""
@@ -196,95 +218,141 @@ class Linearizer:
     kernel = self.kernel
     # one global per buffer number: a buffer read through two views is still one argument
     dtype_of_buffer = {buf.idx: buf.dtype for buf in kernel.bufs if isinstance(buf, MemBuffer)}
-    self.globals = {idx: self.uop(UOps.DEFINE_GLOBAL, dtype, (), (f"data{idx}", idx == 0), pure=False)
+    self.globals = {idx: self.uop(UOps.DEFINE_GLOBAL, dtype, (), (f"data{idx}", idx < kernel.n_outputs), pure=False)
                     for idx, dtype in sorted(dtype_of_buffer.items())}
+    self._locals_at = len(self.uops)  # local memory is defined here, at the kernel's scope, wherever it is used
     self.tiles = {kernel.bufs[number]: define_tile(self, number) for number in kernel.staged}
-    outer_idxs, group_idxs, global_loops = self.outer_indices()
-    upcast_axes = list(kernel.upcast_axes)
-    reduced: dict[LazyOp, list[UOp]] = {}
-    for reduceop in kernel.reduceops:  # in a row kernel every thread of the group gets each result: the store needs them all
-      everyone = kernel.row_kernel or reduceop is not kernel.reduceop
-      reduced[reduceop] = self.reduce(reduceop, outer_idxs, group_idxs, upcast_axes, reduced, everyone)
-    if kernel.row_kernel:  # the store walks the reduce axes once more, each thread its share
-      store_loops, loop_idxs = self.reduce_loops()
-      output_lanes = self.lanes(outer_idxs + group_idxs + loop_idxs, upcast_axes, {})
-    else:  # after the reduce (and in a kernel without one) the group and reduce axes read index 0: the output has size 1 there
-      store_loops = []
-      unrolled_reduce_axes = {axis: 0 for axis in upcast_axes if kernel.reduced_shape[axis] != kernel.full_shape[axis]}
-      output_lanes = self.lanes(outer_idxs + [NumNode(0)] * (kernel.shape_len - kernel.upcasted - kernel.first_reduce), upcast_axes,
-                                unrolled_reduce_axes)
-    values = self.parse(kernel.ast.src[0], output_lanes, reduced)
-    output = cast(MemBuffer, kernel.bufs[0])
-    self.store_lanes(self.globals[0], output.dtype, self.lane_sizes, values, lambda lane: kernel.sts[0].expr_idxs(output_lanes[lane]))
-    for block in reversed(global_loops + self.open_ifs + store_loops): self.end(block)
+    global_loops = self.thread_indices()
+    top = Scope({axis: self.thread_idxs[axis] for axis in kernel.axes(AxisKind.GLOBAL, AxisKind.LOCAL)}, kernel.axes(AxisKind.UPCAST), {})
+    for store in kernel.stores: self.hoist(store.src[0], top)
+    # outputs that are rows walk their reduce axes once more, every thread of a group its share; the others are stored once,
+    # by the threads with group id 0
+    rows = [store for store in kernel.stores if any(kernel.spans(kernel.bufs.index(store.arg), axis) for axis in kernel.axes(*REDUCE_SIDE))]
+    for store in rows: self.store(store, top)
+    if (singles := [store for store in kernel.stores if store not in rows]) and kernel.axes(AxisKind.GROUP) and not self.open_ifs:
+      self.open_ifs.append(self.open_if(self.group_member() < 1))
+    for store in singles: self.store(store, top)
+    for block in reversed(global_loops + self.open_ifs): self.end(block)
     if DEBUG >= 5:
       for uop in self.uops: print(uop)
     return self.uops
 
-  def outer_indices(self) -> tuple[list[Node], list[Node], list[UOp]]:
-    """Index variables of the global and local axes, of the group axes, and the loops opened for them (on a CPU).
-    On a GPU with local or group axes, global axes are work-group ids and the others thread ids inside the work-group;
-    without them, global axes are global thread ids and the runtime picks the work-group size. The last axis of each kind is
+  def thread_indices(self) -> list[UOp]:
+    """Index variables of the GLOBAL, LOCAL and GROUP axes (in `thread_idxs`); returns the loops opened for the GLOBAL axes on a
+    CPU. On a GPU with LOCAL or GROUP axes, GLOBAL axes are work-group ids and the others thread ids inside the work-group;
+    without them, GLOBAL axes are global thread ids and the runtime picks the work-group size. The last axis of each kind is
     launch dimension 0, so neighbouring threads touch neighbouring memory."""
     kernel = self.kernel
-    self.open_ifs: list[UOp] = []
-    idxs: list[Node] = []
-    explicit_locals = kernel.local_dims + kernel.group_for_reduce > 0
-    for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce_loop]):
-      is_local = axis >= kernel.global_dims
-      name = f"{'l' if is_local else 'g'}idx{axis}"
-      idxs.append(Variable(name, 0, size - 1))
+    global_axes, thread_axes = kernel.axes(AxisKind.GLOBAL), kernel.axes(AxisKind.LOCAL, AxisKind.GROUP)
+    for axis in global_axes + thread_axes:
+      is_thread = axis in thread_axes
+      name = f"{'l' if is_thread else 'g'}idx{axis}"
+      self.thread_idxs[axis] = Variable(name, 0, kernel.full_shape[axis] - 1)
       if not self.threads: continue
-      dim = kernel.first_reduce_loop - 1 - axis if is_local else kernel.global_dims - 1 - axis
-      kind = "local" if is_local else ("group" if explicit_locals else "global")
-      self.loop_uops[name] = self.uop(UOps.SPECIAL, self.index_dtype, (), (dim, name, size, kind), pure=False)
-    assert self.threads or not explicit_locals, "local and group axes need a GPU"
-    loops = [] if self.threads else [self.loop(f"gidx{axis}", size, axis) for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
-    return idxs[:kernel.first_reduce], idxs[kernel.first_reduce:], loops
+      dim = len(thread_axes) - 1 - thread_axes.index(axis) if is_thread else len(global_axes) - 1 - global_axes.index(axis)
+      kind = "local" if is_thread else ("group" if thread_axes else "global")
+      self.loop_uops[name] = self.uop(UOps.SPECIAL, self.index_dtype, (), (dim, name, kernel.full_shape[axis], kind), pure=False)
+    assert self.threads or not thread_axes, "LOCAL and GROUP axes need a GPU"
+    return [] if self.threads else [self.loop(f"gidx{axis}", kernel.full_shape[axis], axis) for axis in global_axes]
 
-  def reduce_loops(self) -> tuple[list[UOp], list[Node]]:
-    """Open a loop for each reduce axis (not the group or upcast ones); returns the loops and their index variables."""
-    kernel, reduce_axes = self.kernel, range(self.kernel.first_reduce_loop, self.kernel.shape_len - self.kernel.upcasted)
-    loops = [self.loop(f"ridx{axis}", kernel.full_shape[axis], axis) for axis in reduce_axes]
-    return loops, [Variable(f"ridx{axis}", 0, kernel.full_shape[axis] - 1) for axis in reduce_axes]
+  def group_member(self) -> Node:
+    """This thread's position among the threads that share a group reduce."""
+    group_axes = self.kernel.axes(AxisKind.GROUP)
+    return flatten_node([self.thread_idxs[axis] for axis in group_axes], [self.kernel.full_shape[axis] for axis in group_axes])
 
-  def reduce(self, reduceop: LazyOp, outer_idxs: list[Node], group_idxs: list[Node], upcast_axes: list[int],
-             reduced: dict[LazyOp, list[UOp]], everyone: bool) -> list[UOp]:
-    """Accumulate the reduce's input over the reduce loops; one accumulator per output lane. Returns their final values (in every
-    thread of the group with `everyone`, else only in those with group id 0)."""
-    dtype, op = reduceop.dtype, cast(ReduceOps, reduceop.op)
-    accs = self.define_accs(reduceop, self.kernel.output_lanes)
-    sizes = tuple(self.kernel.full_shape[self.kernel.first_reduce_loop:self.kernel.shape_len - self.kernel.upcasted])
+  def value_axes(self, node: LazyOp) -> frozenset[int]:
+    """The axes `node`'s value depends on: those its loads span, less those its reduces reduce."""
+    if node not in self._value_axes:
+      kernel = self.kernel
+      if node.op in (BufferOps.LOAD, BufferOps.CONST):
+        number = kernel.bufs.index(node.arg)
+        axes = frozenset(axis for axis in range(kernel.shape_len) if kernel.spans(number, axis) and kernel.full_shape[axis] > 1)
+      elif node.op in ReduceOps:
+        reduce_number = kernel.reduceops.index(node)
+        axes = frozenset(axis for axis in self.value_axes(node.src[0]) if reduce_number not in kernel.owners[axis])
+      else: axes = frozenset().union(*[self.value_axes(src) for src in node.src])
+      self._value_axes[node] = axes
+    return self._value_axes[node]
+
+  def hoist(self, node: LazyOp, scope: Scope) -> None:
+    """Compute now the reduces in `node` (not inside another reduce) whose value depends only on what `scope` has bound: each is
+    computed once per trip of the loops it needs, not per element of the rest."""
+    ready, outer_reduces = set(scope.bound) | set(scope.lane_axes), _outer_reduces(node)
+    for reduceop in self.kernel.reduceops:  # sources first: a reduce another one reads is computed out here, once
+      if reduceop in outer_reduces and reduceop not in scope.reduced and self.value_axes(reduceop) <= ready: self.reduce(reduceop, scope)
+
+  def walk_loops(self, axes: list[int], hoisted: LazyOp, scope: Scope) -> list[UOp]:
+    """Open a loop for each axis (binding its index in `scope`), computing the reduces of `hoisted` as soon as they can be."""
+    loops = []
+    self.hoist(hoisted, scope)
+    for axis in axes:
+      name = f"ridx{axis}"
+      while any(loop.arg[0] == name for loop in self._open_loops): name += "_"  # a loop nested in another over the same axis
+      loops.append(self.loop(name, self.kernel.full_shape[axis], axis))
+      scope.bound[axis] = Variable(name, 0, self.kernel.full_shape[axis] - 1)
+      self.hoist(hoisted, scope)
+    return loops
+
+  def store(self, store: LazyOp, outer: Scope) -> None:
+    """Store one output: along the output axes, and, for a row, the reduce-side axes it spans."""
+    kernel, number = self.kernel, self.kernel.bufs.index(store.arg)
+    spanned = [axis for axis in kernel.axes(*REDUCE_SIDE) if kernel.spans(number, axis)]
+    scope = Scope(dict(outer.bound), sorted(outer.lane_axes + [axis for axis in spanned if kernel.kinds[axis] is AxisKind.UNROLL]),
+                  dict(outer.reduced))
+    scope.bound.update({axis: self.thread_idxs[axis] for axis in spanned if kernel.kinds[axis] is AxisKind.GROUP})
+    loops = self.walk_loops([axis for axis in spanned if kernel.kinds[axis] is AxisKind.REDUCE], store.src[0], scope)
+    lanes = self.lanes(scope)
+    values = self.parse(store.src[0], lanes, scope)
+    self.store_lanes(self.globals[store.arg.idx], store.arg.dtype, lanes.sizes, values, lambda lane: kernel.sts[number].expr_idxs(lanes.idxs[lane]))
+    for loop in reversed(loops): self.end(loop)
+
+  def reduce(self, reduceop: LazyOp, outer: Scope) -> None:
+    """Accumulate the reduce's input over its axes, one accumulator per lane of `outer`, and record the results in `outer`.
+    After a GROUP, every thread of the group gets the results, unless this is the kernel's last reduce and no output is a row
+    (then only the threads with group id 0 go on)."""
+    kernel, number, op = self.kernel, self.kernel.reduceops.index(reduceop), cast(ReduceOps, reduceop.op)
+    own = {kind: [axis for axis in kernel.axes(kind) if number in kernel.owners[axis]] for kind in REDUCE_SIDE}
+    keys = list(itertools.product(*[range(kernel.full_shape[axis]) for axis in outer.lane_axes]))
+    accs = self.define_accs(reduceop, len(keys))
+    scope = Scope(dict(outer.bound), sorted(outer.lane_axes + own[AxisKind.UNROLL]), dict(outer.reduced))
+    scope.bound.update({axis: self.thread_idxs[axis] for axis in own[AxisKind.GROUP]})
     if self.tiles:  # the first trip's tiles (staged inputs), before the loops
-      store_tiles(self, load_tiles(self, outer_idxs, [NumNode(0)] * len(sizes)), NumNode(0))
+      store_tiles(self, load_tiles(self, scope.bound, {axis: NumNode(0) for axis in own[AxisKind.REDUCE]}), NumNode(0))
       self.uop(UOps.BARRIER, None, (), None, pure=False)
-    reduce_loops, reduce_idxs = self.reduce_loops()
+    self._depth += 1
+    loops = self.walk_loops(own[AxisKind.REDUCE], reduceop.src[0], scope)
     if self.tiles:  # load the next trip's tiles (the first again after the last) now, store them after this trip's work
-      trip = flatten_node(reduce_idxs, list(sizes))
-      self.tile_parity = trip % 2
-      upcoming = load_tiles(self, outer_idxs, unflatten_node((trip + 1) % prod(sizes), sizes))
-    values = self.parse(reduceop.src[0], self.lanes(outer_idxs + group_idxs + reduce_idxs, upcast_axes, {}), reduced)
-    for acc_number, value in zip(self.accumulator_numbers(), values): self.accumulate(op, accs[acc_number], value)
+      sizes = [kernel.full_shape[axis] for axis in own[AxisKind.REDUCE]]
+      trip = flatten_node([scope.bound[axis] for axis in own[AxisKind.REDUCE]], sizes)
+      scope.tile_parity = trip % 2
+      upcoming = load_tiles(self, scope.bound, dict(zip(own[AxisKind.REDUCE], unflatten_node((trip + 1) % prod(sizes), tuple(sizes)))))
+    lanes = self.lanes(scope)
+    values = self.parse(reduceop.src[0], lanes, scope)
+    for idxs, value in zip(lanes.idxs, values):
+      self.accumulate(op, accs[keys.index(tuple(cast(NumNode, idxs[axis]).b for axis in outer.lane_axes))], value)
     if self.tiles:  # into the other tile, which every thread finished reading before the last barrier
       store_tiles(self, upcoming, (trip + 1) % 2)
       self.uop(UOps.BARRIER, None, (), None, pure=False)
-    for loop in reversed(reduce_loops): self.end(loop)
-    partials = [self.uop(UOps.LOAD, dtype, (acc,), pure=False) for acc in accs]
-    return self.group_reduce(reduceop, partials, group_idxs, everyone) if group_idxs else partials
+    for loop in reversed(loops): self.end(loop)
+    self._depth -= 1
+    partials = [self.uop(UOps.LOAD, reduceop.dtype, (acc,), pure=False) for acc in accs]
+    if own[AxisKind.GROUP]:
+      last = reduceop is kernel.reduceops[-1] and all(other in outer.reduced for other in kernel.reduceops[:-1])
+      everyone = self._depth > 0 or not last or kernel.stores_rows
+      partials = self.group_reduce(reduceop, partials, everyone)
+    outer.reduced[reduceop] = (tuple(outer.lane_axes), dict(zip(keys, partials)))
 
-  def group_reduce(self, reduceop: LazyOp, partials: list[UOp], group_idxs: list[Node], everyone: bool) -> list[UOp]:
+  def group_reduce(self, reduceop: LazyOp, partials: list[UOp], everyone: bool) -> list[UOp]:
     """Finish a reduce split across the work-group: every thread writes its partial results to local memory; then a tree (for a
     power-of-two group: half the threads add the other half's partials, barrier, and again) or, for other sizes, the threads
     with group id 0 alone reduce their group's partials. The rest of the kernel runs only in the threads with group id 0, or,
-    with `everyone`, every thread reads the result (each walks the partials itself for other sizes)."""
+    with `everyone`, every thread reads the result (each walks the partials itself for other sizes; inside a loop, a barrier
+    after the reads lets the next trip write the partials again)."""
     kernel, lanes, op = self.kernel, len(partials), cast(ReduceOps, reduceop.op)
-    local_axes = range(kernel.global_dims, kernel.first_reduce)
-    local_sizes, group_sizes = [kernel.full_shape[axis] for axis in local_axes], list(kernel.full_shape[kernel.first_reduce:kernel.first_reduce_loop])
-    local_idxs: list[Node] = [Variable(f"lidx{axis}", 0, kernel.full_shape[axis] - 1) for axis in local_axes]
-    group_count, member = prod(group_sizes), flatten_node(group_idxs, group_sizes)
-    first_slot = flatten_node(local_idxs, local_sizes) * group_count  # this thread's group starts here
+    local_axes, group_count, member = kernel.axes(AxisKind.LOCAL), prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GROUP)), self.group_member()
+    first_slot = flatten_node([self.thread_idxs[axis] for axis in local_axes], [kernel.full_shape[axis] for axis in local_axes]) * group_count
     name = "partials" + str(sum(uop.op is UOps.DEFINE_LOCAL for uop in self.uops) or "")  # one buffer a reduce: no barrier between
-    memory = self.uop(UOps.DEFINE_LOCAL, reduceop.dtype, (), (name, kernel.local_size * lanes), pure=False)
+    memory = self.define_local(reduceop.dtype, name, kernel.local_size * lanes)
     def slot(index: Node, lane: int) -> UOp: return self.index(index * lanes + lane)
     def read(index: Node, lane: int) -> UOp:  # not pure: a value read before a barrier is stale after it
       return self.uop(UOps.LOAD, reduceop.dtype, (memory, slot(index, lane)), pure=False)
@@ -301,12 +369,22 @@ class Linearizer:
       self.uop(UOps.BARRIER, None, (), None, pure=False)
       half //= 2
     if not everyone: self.open_ifs.append(self.open_if(member < 1))
-    if tree: return [read(first_slot, lane) for lane in range(lanes)]
-    accs = self.define_accs(reduceop, lanes)
-    loop = self.loop("group_member", group_count, None)
-    for lane, acc in enumerate(accs): self.accumulate(op, acc, read(first_slot + Variable("group_member", 0, group_count - 1), lane))
-    self.end(loop)
-    return [self.uop(UOps.LOAD, reduceop.dtype, (acc,), pure=False) for acc in accs]
+    if tree: results = [read(first_slot, lane) for lane in range(lanes)]
+    else:
+      accs = self.define_accs(reduceop, lanes)
+      loop = self.loop("group_member", group_count, None)
+      for lane, acc in enumerate(accs): self.accumulate(op, acc, read(first_slot + Variable("group_member", 0, group_count - 1), lane))
+      self.end(loop)
+      results = [self.uop(UOps.LOAD, reduceop.dtype, (acc,), pure=False) for acc in accs]
+    if self._depth > 0: self.uop(UOps.BARRIER, None, (), None, pure=False)  # the next trip of the loop around writes the partials again
+    return results
+
+  def define_local(self, dtype: DType, name: str, size: int) -> UOp:
+    """Local memory, defined at the kernel's scope (OpenCL allows no other) wherever it is used."""
+    memory = UOp(UOps.DEFINE_LOCAL, dtype, (), (name, size))
+    self.uops.insert(self._locals_at, memory)
+    self._locals_at += 1
+    return memory
 
   def open_if(self, condition: Node) -> UOp:
     block = self.uop(UOps.IF, None, (self.index(condition),), None, pure=False)
@@ -327,3 +405,8 @@ def _fold(ctx: Linearizer, op: BinaryOps, dtype: DType, values: list[UOp]) -> UO
   result = values[0]
   for value in values[1:]: result = ctx.alu(op, dtype, result, value)
   return result
+
+def _outer_reduces(node: LazyOp) -> set[LazyOp]:
+  """The reduces in `node` that are not inside another reduce."""
+  if node.op in ReduceOps: return {node}
+  return set().union(*[_outer_reduces(src) for src in node.src])

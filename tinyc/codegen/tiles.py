@@ -2,7 +2,7 @@
 a staged buffer that the trip reads into local memory together (VECTOR_WIDTH neighbours each where the tile allows), and
 every thread reads its lanes from there. Two tiles alternate: a thread loads the next trip's tile into registers before this
 trip's work and stores it into the other tile after, so one barrier a trip suffices. Imports dtype, helpers, ops, shape/,
-codegen/uops; the Linearizer passes itself in.
+codegen/kernel, codegen/uops; the Linearizer passes itself in.
 """
 from __future__ import annotations
 import math
@@ -14,6 +14,7 @@ from tinyc.shape.shapetracker import flatten_node, unflatten_node
 from tinyc.shape.symbolic import Node, NumNode
 from tinyc.shape.view import View, strides_for_shape
 from tinyc.codegen.uops import VECTOR_WIDTH, UOp, UOps
+from tinyc.codegen.kernel import LANES, AxisKind
 if TYPE_CHECKING: from tinyc.codegen.linearizer import Linearizer
 
 @dataclass(frozen=True)
@@ -40,22 +41,23 @@ def define_tile(ctx: Linearizer, number: int) -> Tile:
   kernel = ctx.kernel
   axes, strides = kernel.tile_axes(number), kernel.sts[number].real_strides(ignore_valid=True)
   load_order = sorted(axes, key=lambda axis: -math.inf if strides[axis] is None else -cast(int, strides[axis]))
-  unrolled = [axis for axis in axes if kernel.reduced_shape[axis] != kernel.full_shape[axis]]
+  unrolled = [axis for axis in axes if kernel.kinds[axis] is AxisKind.UNROLL]
   layout_order = unrolled + [axis for axis in load_order if axis not in unrolled]
   layout_strides = dict(zip(layout_order, strides_for_shape(tuple(kernel.full_shape[axis] for axis in layout_order))))
   layout = View.create(kernel.full_shape, tuple(layout_strides.get(axis, 0) for axis in range(kernel.shape_len)))
   size, buf = prod(kernel.full_shape[axis] for axis in axes), kernel.bufs[number]
   # 16-bit floats are floats in registers: their tiles hold those (OpenCL has no half arrays without an extension)
   dtype = dtypes.float32 if buf.dtype in (dtypes.float16, dtypes.bfloat16) else buf.dtype
-  memory = ctx.uop(UOps.DEFINE_LOCAL, dtype, (), (f"tile{number}", 2 * size), pure=False)
+  memory = ctx.define_local(dtype, f"tile{number}", 2 * size)
   return Tile(number, memory, layout, size, load_order)
 
-def load_tiles(ctx: Linearizer, outer_idxs: list[Node], trip_idxs: list[Node]) -> list[TileShare]:
-  """This thread's share of every tile for the reduce loop trip `trip_idxs`: the work-group's threads take turns along the
-  buffer's memory order, VECTOR_WIDTH neighbours each where the tile allows; in a last partial turn only some threads load."""
+def load_tiles(ctx: Linearizer, bound: dict[int, Node], trip_idxs: dict[int, Node]) -> list[TileShare]:
+  """This thread's share of every tile for the reduce loop trip `trip_idxs` (an index of each REDUCE axis), `bound` giving the
+  thread's GLOBAL and LOCAL indices: the work-group's threads take turns along the buffer's memory order, VECTOR_WIDTH neighbours
+  each where the tile allows; in a last partial turn only some threads load."""
   kernel, shares = ctx.kernel, []
-  local_axes = range(kernel.global_dims, kernel.first_reduce)
-  thread = flatten_node([outer_idxs[axis] for axis in local_axes], [kernel.full_shape[axis] for axis in local_axes])
+  local_axes, spread_axes = kernel.axes(AxisKind.LOCAL), kernel.axes(AxisKind.LOCAL, *LANES)  # the tile spreads over these
+  thread = flatten_node([bound[axis] for axis in local_axes], [kernel.full_shape[axis] for axis in local_axes])
   for tile in ctx.tiles.values():
     inner, outer_axes = tile.load_order[-1], tile.load_order[:-1]
     fits = kernel.full_shape[inner] % VECTOR_WIDTH == 0 and tile.size % (VECTOR_WIDTH * kernel.local_size) == 0
@@ -67,8 +69,8 @@ def load_tiles(ctx: Linearizer, outer_idxs: list[Node], trip_idxs: list[Node]) -
       coords = dict(zip(outer_axes, unflatten_node(run // runs_per_row, tuple(kernel.full_shape[axis] for axis in outer_axes))))
       for lane in range(width):
         coords[inner] = (run % runs_per_row) * width + lane
-        idxs = [coords.get(axis, NumNode(0)) if axis >= kernel.global_dims else outer_idxs[axis] for axis in range(kernel.first_reduce)]
-        lanes.append(idxs + trip_idxs + [coords.get(axis, NumNode(0)) for axis in kernel.upcast_axes])
+        lanes.append([coords.get(axis, NumNode(0)) if axis in spread_axes else trip_idxs.get(axis, bound.get(axis, NumNode(0)))
+                      for axis in range(kernel.shape_len)])
         gates.append(run < runs)
     share = TileShare(tile, [], lanes, [len(lanes) // width, width], gates)
     buf = kernel.bufs[tile.number]
@@ -83,10 +85,10 @@ def store_tiles(ctx: Linearizer, shares: list[TileShare], parity: Node) -> None:
       return share.tile.layout.expr_idxs(share.lanes[lane]) + parity * share.tile.size, share.gates[lane]
     ctx.store_lanes(share.tile.memory, cast(DType, share.tile.memory.dtype), share.sizes, share.values, index_of)
 
-def read_tile(ctx: Linearizer, tile: Tile, dtype: DType, lanes: list[list[Node]]) -> list[UOp]:
-  """The lanes' values from this trip's tile."""
-  def index_of(lane: int) -> tuple[Node, Node]: return tile.layout.expr_idxs(lanes[lane]) + ctx.tile_parity * tile.size, NumNode(1)
+def read_tile(ctx: Linearizer, tile: Tile, dtype: DType, lanes: list[list[Node]], sizes: list[int], parity: Node) -> list[UOp]:
+  """The lanes' values (laid out as `sizes`) from the tile of the trip of this `parity`."""
+  def index_of(lane: int) -> tuple[Node, Node]: return tile.layout.expr_idxs(lanes[lane]) + parity * tile.size, NumNode(1)
   tile_dtype = cast(DType, tile.memory.dtype)
-  vectors = ctx.vector_loads(tile.memory, tile_dtype, ctx.lane_sizes, index_of)
+  vectors = ctx.vector_loads(tile.memory, tile_dtype, sizes, index_of)
   return [ctx.cast(value if value is not None else ctx.uop(UOps.LOAD, tile_dtype, (tile.memory, ctx.index(index_of(lane)[0]))), dtype)
           for lane, value in enumerate(vectors)]
