@@ -13,7 +13,9 @@ from tinyc.realize import run_schedule
 from tinyc.schedule import create_schedule
 from tinyc.codegen.cstyle import render_cuda, render_opencl
 from tinyc.codegen.heuristic import hand_coded_optimizations
-from tinyc.codegen.kernel import GPU_MAX_UPCAST, Kernel, KernelOptError, KernelTarget, Opt, OptOps
+from tinyc.codegen.kernel import GPU_MAX_UPCAST, AxisKind, Kernel, KernelOptError, KernelTarget, Opt, OptOps
+
+G, L, U, GR, R, UN = AxisKind.GLOBAL, AxisKind.LOCAL, AxisKind.UPCAST, AxisKind.GROUP, AxisKind.REDUCE, AxisKind.UNROLL
 from tinyc.codegen.linearizer import Linearizer
 
 GPU = KernelTarget(has_local=True)  # the defaults: 1024 threads, 48 KB of local memory
@@ -33,7 +35,7 @@ def optimized(out: Tensor, opts: list[Opt], target: KernelTarget = GPU) -> Kerne
 
 def layout(kernel: Kernel) -> tuple:
   """Everything an Opt may change."""
-  return (kernel.full_shape, list(kernel.sts), kernel.upcasted, kernel.local_dims, kernel.group_for_reduce, kernel.dont_use_locals,
+  return (kernel.full_shape, list(kernel.sts), kernel.kinds, kernel.owners, kernel.dont_use_locals,
           list(kernel.applied_opts))
 
 def strides(kernel: Kernel, buffer: int) -> tuple[int | None, ...]: return kernel.sts[buffer].real_strides()
@@ -46,46 +48,46 @@ def transposed_add_29() -> Tensor: return Tensor.empty(29, 29) + Tensor.empty(29
 
 def test_upcast_splits_off_the_inner_part_as_the_last_axis():
   kernel = Kernel(the_ast(matmul_64()), GPU)
-  assert kernel.full_shape == (64, 64, 64) and kernel.first_reduce == 2 and strides(kernel, 0) == (64, 1, 0)
+  assert kernel.full_shape == (64, 64, 64) and kernel.kinds == (G, G, R) and strides(kernel, 0) == (64, 1, 0)
   kernel.apply_opt(Opt(OptOps.UPCAST, 0, 4))
-  assert kernel.full_shape == (16, 64, 64, 4) and kernel.upcasted == 1
+  assert kernel.full_shape == (16, 64, 64, 4) and kernel.kinds == (G, G, R, U)
   assert strides(kernel, 0) == (256, 1, 0, 64), "rows split into (16, 4): the 4 consecutive rows are the upcast lanes"
   kernel.apply_opt(Opt(OptOps.UPCAST, 1, 4))
-  assert kernel.full_shape == (16, 16, 64, 4, 4) and kernel.upcasted == 2
-  assert strides(kernel, 0) == (256, 4, 0, 64, 1) and kernel.output_lanes == 16 and kernel.first_reduce == 2
+  assert kernel.full_shape == (16, 16, 64, 4, 4) and kernel.kinds == (G, G, R, U, U)
+  assert strides(kernel, 0) == (256, 4, 0, 64, 1) and kernel.output_lanes == 16
 
 def test_unroll_splits_a_reduce_axis_into_upcast_lanes():
   kernel = optimized(matmul_64(), [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 4)])
   kernel.apply_opt(Opt(OptOps.UNROLL, 0, 4))  # axis 0 counts from the first reduce loop
-  assert kernel.full_shape == (16, 16, 16, 4, 4, 4) and kernel.upcasted == 3
+  assert kernel.full_shape == (16, 16, 16, 4, 4, 4) and kernel.kinds == (G, G, R, U, U, UN) and kernel.owners[-1] == {0}
   assert strides(kernel, 0)[-1] == 0 and strides(kernel, 1)[-1] == 1, "the unrolled lanes are a reduce axis: the output stays put"
   assert kernel.upcast_size == 64 and kernel.output_lanes == 16, "UNROLL adds lanes but no outputs"
 
 def test_upcast_amount_0_takes_the_whole_axis():
   kernel = optimized(Tensor.empty(13, 29).sum(1), [Opt(OptOps.UPCAST, 0, 0)], KernelTarget())
-  assert kernel.full_shape == (29, 13) and kernel.upcasted == 1 and kernel.first_reduce == 0
+  assert kernel.full_shape == (29, 13) and kernel.kinds == (R, U)
 
 def test_local_moves_part_of_a_global_axis_before_the_reduce():
   kernel = Kernel(the_ast(matmul_64()), GPU)
   kernel.apply_opt(Opt(OptOps.LOCAL, 0, 4))
-  assert kernel.full_shape == (16, 64, 4, 64) and kernel.local_dims == 1 and kernel.global_dims == 2 and kernel.first_reduce == 3
+  assert kernel.full_shape == (16, 64, 4, 64) and kernel.kinds == (G, G, L, R)
   assert strides(kernel, 0) == (256, 1, 64, 0) and kernel.local_size == 4
   kernel.apply_opt(Opt(OptOps.LOCAL, 1, 16))
-  assert kernel.full_shape == (16, 4, 4, 16, 64) and kernel.local_dims == 2 and kernel.local_size == 64
+  assert kernel.full_shape == (16, 4, 4, 16, 64) and kernel.kinds == (G, G, L, L, R) and kernel.local_size == 64
   assert strides(kernel, 0) == (256, 16, 64, 1, 0)
 
 def test_local_of_a_whole_axis_leaves_one_global_axis_fewer():
   kernel = Kernel(the_ast(matmul_64()), GPU)
   kernel.apply_opt(Opt(OptOps.LOCAL, 0, 64))
-  assert kernel.full_shape == (64, 64, 64) and kernel.global_dims == 1 and kernel.local_dims == 1
+  assert kernel.full_shape == (64, 64, 64) and kernel.kinds == (G, L, R)
   assert strides(kernel, 0) == (1, 64, 0), "the rows are now the thread ids, the columns the only work-group axis"
 
 @pytest.mark.parametrize("op, group_stride, loop_stride", [(OptOps.GROUP, 1, 16), (OptOps.GROUPTOP, 32, 1)])
 def test_group_splits_the_reduce_across_threads(op, group_stride, loop_stride):
   kernel = Kernel(the_ast(row_sum()), GPU)
   kernel.apply_opt(Opt(op, 0, 16))
-  assert kernel.full_shape == (16, 16, 32) and kernel.group_for_reduce == 1 and kernel.local_size == 16
-  assert kernel.first_reduce == 1 and kernel.first_reduce_loop == 2
+  assert kernel.full_shape == (16, 16, 32) and kernel.kinds == (G, GR, R) and kernel.local_size == 16
+  assert kernel.owners == (frozenset(), {0}, {0}), "both parts of the split axis belong to the reduce"
   # GROUP: neighbouring threads read neighbouring elements; GROUPTOP: each thread reads a contiguous run of 32
   assert strides(kernel, 1) == (512, group_stride, loop_stride)
   assert strides(kernel, 0) == (1, 0, 0), "the output is the same for every thread of the group"
@@ -98,7 +100,7 @@ def test_padto_pads_an_axis_to_a_multiple_so_upcast_divides_it():
   assert kernel.full_shape == (29, 32) and all(st.shape == (29, 32) for st in kernel.sts)
   assert all(st.views[-1].mask is not None for st in kernel.sts), "the padding is masked in every buffer"
   kernel.apply_opt(Opt(OptOps.UPCAST, 1, 4))
-  assert kernel.full_shape == (29, 8, 4) and kernel.upcasted == 1
+  assert kernel.full_shape == (29, 8, 4) and kernel.kinds == (G, G, U)
 
 def test_padto_refuses_useless_or_wasteful_padding():
   kernel = Kernel(the_ast(Tensor.empty(13, 32) + Tensor.empty(32, 13).T), GPU)
@@ -109,10 +111,10 @@ def test_padto_refuses_useless_or_wasteful_padding():
 def test_padto_on_a_reduce_axis_needs_a_sum_of_zeros_where_padded():
   product_sum = Kernel(the_ast((Tensor.empty(13, 29) * Tensor.empty(13, 29)).sum(1)), GPU)
   product_sum.apply_opt(Opt(OptOps.PADTO, 1, 32))
-  assert product_sum.full_shape == (13, 32) and product_sum.output_shape == (13, 1)
+  assert product_sum.full_shape == (13, 32) and product_sum.sts[0].shape == (13, 1)
   for out in [Tensor.empty(13, 29).exp().sum(1), Tensor.empty(13, 29).max(1)]:  # exp(0) = 1; a max of padded zeros can win
     kernel = Kernel(the_ast(out), GPU)
-    with pytest.raises(KernelOptError, match="sum whose input is 0"): kernel.apply_opt(Opt(OptOps.PADTO, 1, 32))
+    with pytest.raises(KernelOptError, match="sums whose inputs are 0"): kernel.apply_opt(Opt(OptOps.PADTO, 1, 32))
     assert kernel.full_shape == (13, 29)
     kernel.apply_opt(Opt(OptOps.PADTO, 0, 16))  # a global axis may always be padded: its padding is never stored
     assert kernel.full_shape == (16, 29)
@@ -124,7 +126,7 @@ def test_nolocals_forbids_later_locals_and_groups():
   for opt in [Opt(OptOps.LOCAL, 0, 16), Opt(OptOps.GROUP, 0, 16), Opt(OptOps.GROUPTOP, 0, 16), Opt(OptOps.NOLOCALS, 0, 0)]:
     with pytest.raises(KernelOptError): kernel.apply_opt(opt)
   kernel.apply_opt(Opt(OptOps.UPCAST, 0, 4))  # register tiling is still allowed
-  assert kernel.local_dims == 0 and kernel.group_for_reduce == 0 and kernel.upcasted == 1
+  assert kernel.kinds == (G, G, R, U)
 
 def test_nolocals_after_a_local_is_refused():
   kernel = optimized(matmul_64(), [Opt(OptOps.LOCAL, 0, 16)])
@@ -311,11 +313,11 @@ def test_heuristic_stages_a_large_matmul_on_a_gpu():
   assert ops.count(OptOps.UPCAST) == 2 and ops.count(OptOps.UNROLL) == 1 and ops.count(OptOps.LOCAL) == 2, ops
   assert kernel.upcast_size == 256 and kernel.output_lanes == 64 and kernel.local_size == 32 and not kernel.staged
   kernel, ops = heuristic(Tensor.empty(512, 512) @ Tensor.empty(512, 512))  # smaller: 4x4 tiles, 16x16 work-groups
-  assert kernel.upcast_size == 64 and kernel.output_lanes == 16 and kernel.local_size == 256 and kernel.global_dims == 2
+  assert kernel.upcast_size == 64 and kernel.output_lanes == 16 and kernel.local_size == 256 and len(kernel.axes(G)) == 2
 
 def test_heuristic_groups_a_long_row_sum_on_a_gpu():
   kernel, ops = heuristic(Tensor.empty(64, 4096).sum(1))
-  assert OptOps.GROUP in ops and kernel.group_for_reduce == 1 and kernel.local_size >= 16
+  assert OptOps.GROUP in ops and len(kernel.axes(GR)) == 1 and kernel.local_size >= 16
 
 def test_heuristic_upcasts_an_elementwise_kernel_by_4_on_a_gpu():
   kernel, _ = heuristic(Tensor.empty(64, 64) * 2 + 1)
@@ -331,7 +333,7 @@ def test_heuristic_with_noopt_applies_nothing():
 
 def test_heuristic_on_a_cpu_upcasts_a_matmul_without_locals():
   kernel, ops = heuristic(Tensor.empty(512, 512) @ Tensor.empty(512, 512), KernelTarget())
-  assert ops and set(ops) == {OptOps.UPCAST} and kernel.local_dims == 0 and kernel.group_for_reduce == 0 and kernel.upcast_size > 1
+  assert ops and set(ops) == {OptOps.UPCAST} and not kernel.axes(L, GR) and kernel.upcast_size > 1
 
 # ---- 5. a long reduce into few outputs runs as two kernels ----
 
@@ -377,7 +379,7 @@ def test_a_split_takes_up_to_4096_parts_near_the_square_root():
 
 def test_heuristic_gives_each_row_of_a_softmax_a_work_group():
   kernel, ops = heuristic(Tensor.empty(8192, 8192).softmax(-1))
-  assert kernel.row_kernel and ops[:2] == [OptOps.UNROLL, OptOps.GROUP] and kernel.local_size == 512, "about 16 elements a thread"
-  assert kernel.shape_len - kernel.upcasted == kernel.first_reduce_loop, "the 4 trips left of each walk are unrolled whole"
+  assert kernel.stores_rows and ops[:2] == [OptOps.UNROLL, OptOps.GROUP] and kernel.local_size == 512, "about 16 elements a thread"
+  assert not kernel.axes(R), "the 4 trips left of each walk are unrolled whole"
   kernel, ops = heuristic(Tensor.empty(65536, 512).softmax(-1))  # many rows still group: each thread reading its own row is uncoalesced
-  assert kernel.row_kernel and OptOps.GROUP in ops and kernel.local_size == 32
+  assert kernel.stores_rows and OptOps.GROUP in ops and kernel.local_size == 32

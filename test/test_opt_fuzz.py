@@ -82,8 +82,8 @@ def test_random_opts_match_unoptimized(name, tinyc_device):
 def test_illegal_opts_raise_and_leave_the_kernel_alone():
   item = [item for item in create_schedule([(rand(13, 32, seed=0) @ rand(32, 8, seed=1)).lazydata]) if item.ast.op not in LoadOps][0]
   kernel = Kernel(item.ast)
-  before = (kernel.full_shape, kernel.sts, kernel.upcasted)
+  before = (kernel.full_shape, kernel.sts, kernel.kinds, kernel.owners)
   for opt in [Opt(OptOps.UPCAST, 0, 5), Opt(OptOps.UPCAST, 9, 2), Opt(OptOps.LOCAL, 0, 13), Opt(OptOps.GROUP, 0, 4), Opt(OptOps.NOLOCALS, 0, 0),
               Opt(OptOps.UNROLL, 0, 128), Opt(OptOps.PADTO, 0, 13), Opt(OptOps.UPCAST, 0, 1)]:
     with pytest.raises(KernelOptError): kernel.apply_opt(opt)  # the CPU has no work-groups; 5 does not divide 13; 13 is already a multiple...
-    assert (kernel.full_shape, kernel.sts, kernel.upcasted) == before and kernel.applied_opts == []
+    assert (kernel.full_shape, kernel.sts, kernel.kinds, kernel.owners) == before and kernel.applied_opts == []

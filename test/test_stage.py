@@ -12,7 +12,7 @@ from tinyc.device import Device
 from tinyc.ops import ConstBuffer, LoadOps
 from tinyc.schedule import create_schedule
 from tinyc.realize import run_schedule
-from tinyc.codegen.kernel import Kernel, KernelOptError, KernelTarget, Opt, OptOps
+from tinyc.codegen.kernel import AxisKind, Kernel, KernelOptError, KernelTarget, Opt, OptOps
 from test_kernel_opts import GPU, has_local, layout, matmul_64, optimized, realized, run_with_opts, sources
 from test_opt_fuzz import ACTIONS, PROGRAMS, random_opts, run_kernel
 
@@ -103,13 +103,13 @@ def test_staged_padded_conv_with_three_reduce_loops_matches_numpy(tinyc_device):
   (_, tx), (_, tw) = realized(2, 4, 9, 9, seed=5), realized(8, 4, 3, 3, seed=6)
   out = tx.conv2d(tw, padding=1)
   kernel = Kernel(_single_kernel(out).ast, Device[Device.DEFAULT].target)
-  opts = staged([Opt(U, 1, 4), Opt(L, kernel.first_reduce - 1, 9)])  # 4 output channels a thread, 9 threads along the columns
+  opts = staged([Opt(U, 1, 4), Opt(L, len(kernel.axes(AxisKind.GLOBAL)) - 1, 9)])  # 4 output channels a thread, 9 threads along the columns
   for opt in opts: kernel.apply_opt(opt)
   for number in range(1, len(kernel.bufs)):
     try: kernel.apply_opt(Opt(S, number, 0))
     except KernelOptError: continue
     opts.append(Opt(S, number, 0))
-  assert len(opts) == 4 and kernel.shape_len - kernel.upcasted - kernel.first_reduce_loop == 3, (opts, kernel.full_shape)
+  assert len(opts) == 4 and len(kernel.axes(AxisKind.REDUCE)) == 3, (opts, kernel.full_shape)
   expected = out.numpy()
   np.testing.assert_allclose(run_with_opts(tx.conv2d(tw, padding=1), opts), expected, rtol=1e-4, atol=1e-4)
 
@@ -133,7 +133,7 @@ def test_random_opts_with_staged_inputs_match_unoptimized(name, tinyc_device):
       opts = random_opts(item.ast, Device[device].target, rng, STAGEABLE)
       kernel = Kernel(item.ast, Device[device].target)
       for opt in opts: kernel.apply_opt(opt)
-      local_opts = [Opt(L, axis, amount) for axis in range(kernel.global_dims) for amount in (2, 3, 4, 8)]
+      local_opts = [Opt(L, axis, amount) for axis in range(len(kernel.axes(AxisKind.GLOBAL))) for amount in (2, 3, 4, 8)]
       for opt in rng.sample(local_opts, len(local_opts)) * (kernel.local_size == 1) + [Opt(S, n, 0) for n in range(1, 4)]:
         try: kernel.apply_opt(opt)
         except KernelOptError: continue

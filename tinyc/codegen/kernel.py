@@ -264,7 +264,7 @@ class Kernel:
            f"{self.upcast_size} upcast lanes is over the limit of {self.target.max_upcast}; use a smaller amount")
     _check(self.local_size <= self.target.max_local_size, opt,
            f"{self.local_size} threads per work-group is over this device's {self.target.max_local_size}; use a smaller amount")
-    thread_axes = [self.full_shape[axis] for axis in self.axes(AxisKind.LOCAL, AxisKind.GROUP)]  # the last is launch dimension 0
+    thread_axes = tuple(self.full_shape[axis] for axis in self.axes(AxisKind.LOCAL, AxisKind.GROUP))  # the last is launch dimension 0
     limits = self.target.max_local_dim_sizes
     _check(len(thread_axes) <= len(limits), opt, "no launch dimension is left for another local axis; use fewer LOCAL/GROUP axes")
     _check(all(size <= limit for size, limit in zip(reversed(thread_axes), limits)), opt,
