@@ -275,11 +275,11 @@ class Linearizer:
     return self._value_axes[node]
 
   def hoist(self, node: LazyOp, scope: Scope) -> None:
-    """Compute now the reduces in `node` (not inside another reduce) whose value depends only on what `scope` has bound: each is
-    computed once per trip of the loops it needs, not per element of the rest."""
-    ready, outer_reduces = set(scope.bound) | set(scope.lane_axes), _outer_reduces(node)
+    """Compute now the reduces in `node` (at any depth) whose value depends only on what `scope` has bound: each is computed
+    once per trip of the loops its value needs, not per element of the rest."""
+    ready, inside = set(scope.bound) | set(scope.lane_axes), set(node.walk())
     for reduceop in self.kernel.reduceops:  # sources first: a reduce another one reads is computed out here, once
-      if reduceop in outer_reduces and reduceop not in scope.reduced and self.value_axes(reduceop) <= ready: self.reduce(reduceop, scope)
+      if reduceop in inside and reduceop not in scope.reduced and self.value_axes(reduceop) <= ready: self.reduce(reduceop, scope)
 
   def walk_loops(self, axes: list[int], hoisted: LazyOp, scope: Scope) -> list[UOp]:
     """Open a loop for each axis (binding its index in `scope`), computing the reduces of `hoisted` as soon as they can be."""
@@ -312,9 +312,10 @@ class Linearizer:
     (then only the threads with group id 0 go on)."""
     kernel, number, op = self.kernel, self.kernel.reduceops.index(reduceop), cast(ReduceOps, reduceop.op)
     own = {kind: [axis for axis in kernel.axes(kind) if number in kernel.owners[axis]] for kind in REDUCE_SIDE}
-    keys = list(itertools.product(*[range(kernel.full_shape[axis]) for axis in outer.lane_axes]))
+    key_axes = [axis for axis in outer.lane_axes if axis in self.value_axes(reduceop)]  # an accumulator for each of their lanes
+    keys = list(itertools.product(*[range(kernel.full_shape[axis]) for axis in key_axes]))
     accs = self.define_accs(reduceop, len(keys))
-    scope = Scope(dict(outer.bound), sorted(outer.lane_axes + own[AxisKind.UNROLL]), dict(outer.reduced))
+    scope = Scope(dict(outer.bound), sorted(key_axes + own[AxisKind.UNROLL]), dict(outer.reduced))
     scope.bound.update({axis: self.thread_idxs[axis] for axis in own[AxisKind.GROUP]})
     if self.tiles:  # the first trip's tiles (staged inputs), before the loops
       store_tiles(self, load_tiles(self, scope.bound, {axis: NumNode(0) for axis in own[AxisKind.REDUCE]}), NumNode(0))
@@ -329,7 +330,7 @@ class Linearizer:
     lanes = self.lanes(scope)
     values = self.parse(reduceop.src[0], lanes, scope)
     for idxs, value in zip(lanes.idxs, values):
-      self.accumulate(op, accs[keys.index(tuple(cast(NumNode, idxs[axis]).b for axis in outer.lane_axes))], value)
+      self.accumulate(op, accs[keys.index(tuple(cast(NumNode, idxs[axis]).b for axis in key_axes))], value)
     if self.tiles:  # into the other tile, which every thread finished reading before the last barrier
       store_tiles(self, upcoming, (trip + 1) % 2)
       self.uop(UOps.BARRIER, None, (), None, pure=False)
@@ -340,7 +341,7 @@ class Linearizer:
       last = reduceop is kernel.reduceops[-1] and all(other in outer.reduced for other in kernel.reduceops[:-1])
       everyone = self._depth > 0 or not last or kernel.stores_rows
       partials = self.group_reduce(reduceop, partials, everyone)
-    outer.reduced[reduceop] = (tuple(outer.lane_axes), dict(zip(keys, partials)))
+    outer.reduced[reduceop] = (tuple(key_axes), dict(zip(keys, partials)))
 
   def group_reduce(self, reduceop: LazyOp, partials: list[UOp], everyone: bool) -> list[UOp]:
     """Finish a reduce split across the work-group: every thread writes its partial results to local memory; then a tree (for a
@@ -405,8 +406,3 @@ def _fold(ctx: Linearizer, op: BinaryOps, dtype: DType, values: list[UOp]) -> UO
   result = values[0]
   for value in values[1:]: result = ctx.alu(op, dtype, result, value)
   return result
-
-def _outer_reduces(node: LazyOp) -> set[LazyOp]:
-  """The reduces in `node` that are not inside another reduce."""
-  if node.op in ReduceOps: return {node}
-  return set().union(*[_outer_reduces(src) for src in node.src])
