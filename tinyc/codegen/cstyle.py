@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from tinyc.dtype import DType, dtypes
 from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
-from tinyc.codegen.uops import UOp, UOps
+from tinyc.codegen.uops import ThreadKind, UOp, UOps
 
 def _is_signed(dtype: DType) -> bool: return dtypes.is_int(dtype) and not dtypes.is_unsigned(dtype)
 def _max(a: str, b: str) -> str: return f"((({a})!=({a}) || ({a})>({b})) ? ({a}) : ({b}))"  # NaN wins, like torch.maximum
@@ -194,10 +194,9 @@ class CStyleRenderer:
     params = []
     for uop in self.uops:
       if uop.op is UOps.DEFINE_GLOBAL:
-        name, is_output = uop.arg
-        assert uop.dtype is not None
-        params.append(f"{dialect.buffer_prefix}{'' if is_output else 'const '}{self.memory_type(uop.dtype)}* {name}")
-        self.names[uop] = name
+        assert uop.dtype is not None and uop.arg.number == len(params), f"buffer {uop.arg.number} as parameter {len(params)}"
+        params.append(f"{dialect.buffer_prefix}{'' if uop.arg.is_output else 'const '}{self.memory_type(uop.dtype)}* {uop.arg.name}")
+        self.names[uop] = uop.arg.name
     rolled = dialect.keep_integer_max_loops_rolled and any(
       u.op is UOps.STORE and u.src[0].op is UOps.DEFINE_ACC and u.src[1].op is UOps.ALU and u.src[1].arg is BinaryOps.MAX
       and u.src[1].dtype is not None and not dtypes.is_float(u.src[1].dtype) for u in self.uops)
@@ -208,10 +207,10 @@ class CStyleRenderer:
         assert dtype is not None
         self.names[uop] = self.const(uop.arg, dtype)
       elif uop.op is UOps.SPECIAL:
-        dim, name, size, kind = uop.arg
-        thread_id = {"global": dialect.global_id, "group": dialect.group_id, "local": dialect.local_id}[kind](dim)
-        self.emit(f"int {name} = {thread_id};  /* 0..{size - 1} */")
-        self.names[uop] = name
+        index = uop.arg
+        thread_id = {ThreadKind.GLOBAL: dialect.global_id, ThreadKind.GROUP: dialect.group_id, ThreadKind.LOCAL: dialect.local_id}[index.kind]
+        self.emit(f"int {index.name} = {thread_id(index.dim)};  /* 0..{index.size - 1} */")
+        self.names[uop] = index.name
       elif uop.op is UOps.DEFINE_LOCAL:
         assert dtype is not None
         # 16-byte aligned for vector reads and writes: an array of float is only 4-byte aligned, and CUDA faults on a misaligned float4
@@ -219,7 +218,7 @@ class CStyleRenderer:
         self.names[uop] = uop.arg[0]
       elif uop.op is UOps.BARRIER: self.emit(dialect.barrier)
       elif uop.op is UOps.LOOP:
-        name = uop.arg[0]
+        name = uop.arg.name
         if rolled: self.emit("#pragma unroll 1")
         self.emit(f"for (int {name} = {self.value(uop.src[0])}; {name} < {self.value(uop.src[1])}; {name}++) {{")
         self.names[uop] = name

@@ -13,7 +13,7 @@ from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, 
 from tinyc.shape.shapetracker import flatten_node, unflatten_node
 from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, simplify_given_valid
 from tinyc.codegen.kernel import Kernel
-from tinyc.codegen.uops import PYTHON_ALU, VECTOR_WIDTH, UOp, UOps, cast_python_value
+from tinyc.codegen.uops import PYTHON_ALU, VECTOR_WIDTH, GlobalBuffer, Loop, ThreadIndex, ThreadKind, UOp, UOps, cast_python_value
 from tinyc.codegen.tiles import define_tile, load_tiles, read_tile, store_tiles
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
@@ -62,9 +62,9 @@ class Linearizer:
     if value.op is UOps.CONST: return self.const(value.arg, dtype)
     return self.uop(UOps.CAST, dtype, (value,))
 
-  def loop(self, name: str, size: int, axis: int | None) -> UOp:
+  def loop(self, name: str, size: int, axis: int | None, outermost_global: bool = False) -> UOp:
     bounds = (self.const(0, self.index_dtype), self.const(size, self.index_dtype))
-    loop = self.uop(UOps.LOOP, self.index_dtype, bounds, (name, self._worth_vectorizing(axis)), pure=False)
+    loop = self.uop(UOps.LOOP, self.index_dtype, bounds, Loop(name, self._worth_vectorizing(axis), outermost_global), pure=False)
     self.loop_uops[name] = loop
     self._scopes.append([])
     return loop
@@ -196,7 +196,7 @@ class Linearizer:
     kernel = self.kernel
     # one global per buffer number: a buffer read through two views is still one argument
     dtype_of_buffer = {buf.idx: buf.dtype for buf in kernel.bufs if isinstance(buf, MemBuffer)}
-    self.globals = {idx: self.uop(UOps.DEFINE_GLOBAL, dtype, (), (f"data{idx}", idx == 0), pure=False)
+    self.globals = {idx: self.uop(UOps.DEFINE_GLOBAL, dtype, (), GlobalBuffer(f"data{idx}", idx, idx == 0), pure=False)
                     for idx, dtype in sorted(dtype_of_buffer.items())}
     self.tiles = {kernel.bufs[number]: define_tile(self, number) for number in kernel.staged}
     outer_idxs, group_idxs, global_loops = self.outer_indices()
@@ -236,10 +236,11 @@ class Linearizer:
       idxs.append(Variable(name, 0, size - 1))
       if not self.threads: continue
       dim = kernel.first_reduce_loop - 1 - axis if is_local else kernel.global_dims - 1 - axis
-      kind = "local" if is_local else ("group" if explicit_locals else "global")
-      self.loop_uops[name] = self.uop(UOps.SPECIAL, self.index_dtype, (), (dim, name, size, kind), pure=False)
+      kind = ThreadKind.LOCAL if is_local else (ThreadKind.GROUP if explicit_locals else ThreadKind.GLOBAL)
+      self.loop_uops[name] = self.uop(UOps.SPECIAL, self.index_dtype, (), ThreadIndex(dim, name, size, kind), pure=False)
     assert self.threads or not explicit_locals, "local and group axes need a GPU"
-    loops = [] if self.threads else [self.loop(f"gidx{axis}", size, axis) for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
+    loops = [] if self.threads else [self.loop(f"gidx{axis}", size, axis, outermost_global=axis == 0)
+                                     for axis, size in enumerate(kernel.full_shape[:kernel.first_reduce])]
     return idxs[:kernel.first_reduce], idxs[kernel.first_reduce:], loops
 
   def reduce_loops(self) -> tuple[list[UOp], list[Node]]:
