@@ -71,6 +71,18 @@ def test_integer_division_by_a_value_is_guarded_in_both_dialects():
     assert "(val1==0?0:val1==(-1)?" in guarded and "((val1==0||val1==(-1))?0:(val0%val1))" in guarded, guarded
     assert "= (val0/4);" in plain and "= (val0%4);" in plain, plain
 
+def test_a_cuda_kernel_takes_one_pointer_per_buffer_in_buffer_order():
+  """The CUDA runtime launches a kernel with one pointer per buffer, in the order the program is called with: the renderer declares
+  one parameter per DEFINE_GLOBAL, numbered as the buffers are, and refuses any other order."""
+  from tinyc.runtime.nvrtc import compile_cuda, load_nvrtc
+  uops = divmod_uops(None)
+  assert "(int* data0, const int* data1, const int* data2)" in render_cuda("divmod", uops)
+  with pytest.raises(AssertionError, match="buffer 1 as parameter 0"): render_cuda("divmod", [uops[1], uops[0], *uops[2:]])
+  try: load_nvrtc()
+  except RuntimeError: pytest.skip("NVRTC is not installed here (CI installs nvidia-cuda-nvrtc)")
+  ptx = compile_cuda("divmod", render_cuda("divmod", uops), "sm_90", "ptx").decode()
+  assert [f".param .u64 divmod_param_{number}" in ptx for number in range(4)] == [True, True, True, False], ptx
+
 @pytest.mark.parametrize("backend", ["GPU", "CUDA"])
 def test_integer_division_by_zero_gives_zero(backend):
   if not Device.usable(backend): pytest.skip(f"{backend} is not usable here")
