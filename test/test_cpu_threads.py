@@ -113,7 +113,8 @@ def test_the_loop_split_is_the_one_marked_outermost_global_whatever_its_name(nam
   global_size, local_size = cpu_launch_sizes(uops)
   values = np.arange(64, dtype=np.float32)
   inp, out = Buffer("LLVM", 64, dtypes.float32).copyin(values), Buffer("LLVM", 64, dtypes.float32)
-  with Context(CPU_THREADS=3): Device["LLVM"].compile(f"doubling_{name}", source)(out.opaque, inp.opaque, global_size=global_size, local_size=local_size)
+  run = Device["LLVM"].compile(f"doubling_{name}", source)
+  with Context(CPU_THREADS=3): run(out.opaque, inp.opaque, global_size=global_size, local_size=local_size)
   np.testing.assert_equal(out.numpy(), values * 2)
   assert [len(ranges) for ranges in split_runs] == ([3] if outermost_global else [])
 

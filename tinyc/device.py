@@ -138,7 +138,8 @@ class Compiled:
     self.target, self.arch = target, arch  # arch: the device and compiler, as far as they change the code (part of BEAM's cache key)
     # for BEAM: compile_binary (name, source) -> bytes runs in a worker process (picklable, needs no device); load makes it a runner
     self.compile_binary, self.load = compile_binary, load
-    # for TinyJit: graph(steps) replays captured (program, buffers) steps in one launch, called with the replay's input buffers
+    # for TinyJit: graph(steps) makes a one-launch replay of captured steps (each a program of this device and its buffers), called
+    # with the replay's input buffers
     self.graph = graph
     self.programs: dict[tuple[LazyOp, tuple[Opt, ...] | None], Program] = {}
     self._names: dict[str, int] = defaultdict(int)

@@ -201,7 +201,7 @@ class CStyleRenderer:
 
   def render(self) -> str:
     dialect = self.dialect
-    params = []
+    params: list[str] = []
     for uop in self.uops:
       if uop.op is UOps.DEFINE_GLOBAL:
         assert uop.dtype is not None and uop.arg.number == len(params), f"buffer {uop.arg.number} as parameter {len(params)}"

@@ -156,11 +156,6 @@ def _check(status: int) -> None:
     _driver.cuGetErrorString(status, ctypes.byref(message))
     raise RuntimeError(f"CUDA graph call failed: {(message.value or b'unknown error').decode()} ({status})")
 
-def graph_for(steps: list[tuple[Any, list[Buffer]]]) -> CUDAGraph | None:
-  """A CUDA graph for TinyJit's captured steps, or None when one of them is not a kernel of this device (a copy)."""
-  if not all(isinstance(run, Program) and run.device == "CUDA" for run, _ in steps): return None
-  return CUDAGraph(steps)
-
 def open_device() -> Compiled:
   try:
     cuda.init()
@@ -179,4 +174,4 @@ def open_device() -> Compiled:
   return Compiled("CUDA", CUDAAllocator(), render_cuda, compiler.compile, language="CUDA C", threads=True,
                   max_local=min(256, attribute("MAX_THREADS_PER_BLOCK")), target=target,
                   compile_binary=functools.partial(compile_cuda, arch=compiler.arch, output="cubin"), load=compiler.load,
-                  arch=f"{device.name()} {compiler.arch}", graph=graph_for)
+                  arch=f"{device.name()} {compiler.arch}", graph=CUDAGraph)
