@@ -18,6 +18,7 @@ def executed_ops(uops: list[UOp]) -> int:
   return executed(uops, lambda uop: uop.op in (UOps.ALU, UOps.LOAD, UOps.STORE))
 
 def outermost_global_loop(uops: list[UOp]) -> UOp | None:
+  """The LOOP the linearizer marked as the kernel's outermost global loop (Loop.outermost_global); None in a kernel without one."""
   return next((uop for uop in uops if uop.op is UOps.LOOP and uop.arg.outermost_global), None)
 
 def outer_split(uops: list[UOp]) -> tuple[int, int] | None:
