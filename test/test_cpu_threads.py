@@ -9,6 +9,10 @@ from tinyc import Device, Tensor
 from tinyc.codegen.kernel import Kernel
 from tinyc.codegen.linearizer import Linearizer
 from tinyc.codegen.llvmir import render_llvm
+from tinyc.codegen.uops import GlobalBuffer, Loop, UOp, UOps
+from tinyc.device import Buffer, cpu_launch_sizes
+from tinyc.dtype import dtypes
+from tinyc.ops import BinaryOps
 from tinyc.helpers import Context
 from tinyc.schedule import create_schedule
 from tinyc.jit import TinyJit
@@ -90,6 +94,29 @@ def test_only_split_kernels_take_a_range(monkeypatch):
     uops = Linearizer(Kernel(item.ast)).linearize()
     assert (cpu_split.outer_split(uops) is not None) == takes_range
     assert ('i64 %"start", i64 %"end"' in render_llvm("k", uops)) == takes_range
+
+def doubling_uops(loop: Loop) -> list[UOp]:
+  """out[i] = 2 * in[i] for i in [0, 64), in one loop."""
+  f32, i32 = dtypes.float32, dtypes.int32
+  out, inp = (UOp(UOps.DEFINE_GLOBAL, f32, (), GlobalBuffer(f"data{number}", number, number == 0)) for number in range(2))
+  start, end, two = UOp(UOps.CONST, i32, (), 0), UOp(UOps.CONST, i32, (), 64), UOp(UOps.CONST, f32, (), 2.0)
+  row = UOp(UOps.LOOP, i32, (start, end), loop)
+  value = UOp(UOps.LOAD, f32, (inp, row))
+  doubled = UOp(UOps.ALU, f32, (value, two), BinaryOps.MUL)
+  return [out, inp, start, end, two, row, value, doubled, UOp(UOps.STORE, None, (out, row, doubled)), UOp(UOps.END, None, (row,))]
+
+@pytest.mark.parametrize("name, outermost_global", [("rows", True), ("gidx0", False)])
+def test_the_loop_split_is_the_one_marked_outermost_global_whatever_its_name(name, outermost_global, split_runs):
+  uops = doubling_uops(Loop(name, vectorize=False, outermost_global=outermost_global))
+  source = render_llvm(f"doubling_{name}", uops)
+  assert ('i64 %"start", i64 %"end"' in source) == outermost_global, source
+  global_size, local_size = cpu_launch_sizes(uops)
+  values = np.arange(64, dtype=np.float32)
+  inp, out = Buffer("LLVM", 64, dtypes.float32).copyin(values), Buffer("LLVM", 64, dtypes.float32)
+  run = Device["LLVM"].compile(f"doubling_{name}", source)
+  with Context(CPU_THREADS=3): run(out.opaque, inp.opaque, global_size=global_size, local_size=local_size)
+  np.testing.assert_equal(out.numpy(), values * 2)
+  assert [len(ranges) for ranges in split_runs] == ([3] if outermost_global else [])
 
 def test_kernel_without_a_global_loop_takes_no_range(split_runs):
   x = np.arange(100, dtype=np.float32)

@@ -6,20 +6,20 @@ import pytest
 from tinyc.device import Buffer, Device
 from tinyc.dtype import dtypes
 from tinyc.codegen.cstyle import render_cuda, render_opencl
-from tinyc.codegen.uops import UOp, UOps
+from tinyc.codegen.uops import GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind, UOp, UOps
 from tinyc.ops import BinaryOps
 
 def workgroup_sum_uops() -> list[UOp]:
   f32, i32 = dtypes.float32, dtypes.int32
-  out, inp = UOp(UOps.DEFINE_GLOBAL, f32, (), ("data0", True)), UOp(UOps.DEFINE_GLOBAL, f32, (), ("data1", False))
-  lid = UOp(UOps.SPECIAL, i32, (), (0, "lidx0", 16, "local"))
-  shared = UOp(UOps.DEFINE_LOCAL, f32, (), ("partial", 16))
+  out, inp = (UOp(UOps.DEFINE_GLOBAL, f32, (), GlobalBuffer(f"data{number}", number, number == 0)) for number in range(2))
+  lid = UOp(UOps.SPECIAL, i32, (), ThreadIndex(0, "lidx0", 16, ThreadKind.LOCAL))
+  shared = UOp(UOps.DEFINE_LOCAL, f32, (), LocalBuffer("partial", 16))
   value = UOp(UOps.LOAD, f32, (inp, lid))
   store_shared = UOp(UOps.STORE, None, (shared, lid, value))
   barrier = UOp(UOps.BARRIER, None)
   acc = UOp(UOps.DEFINE_ACC, f32, (), 0.0)
   zero, sixteen = UOp(UOps.CONST, i32, (), 0), UOp(UOps.CONST, i32, (), 16)
-  loop = UOp(UOps.LOOP, i32, (zero, sixteen), ("ridx0", False))
+  loop = UOp(UOps.LOOP, i32, (zero, sixteen), Loop("ridx0", False))
   current, element = UOp(UOps.LOAD, f32, (acc,)), UOp(UOps.LOAD, f32, (shared, loop))
   added = UOp(UOps.ALU, f32, (current, element), BinaryOps.ADD)
   update = UOp(UOps.STORE, None, (acc, added))
@@ -53,8 +53,8 @@ def test_workgroup_sum_runs(backend):
 def divmod_uops(divisor: int | None) -> list[UOp]:
   """out[i] = a[i] / d and out[16 + i] = a[i] % d for int32, with d = b[i] (divisor None) or the constant `divisor`."""
   i32 = dtypes.int32
-  out, a, b = (UOp(UOps.DEFINE_GLOBAL, i32, (), (name, name == "data0")) for name in ("data0", "data1", "data2"))
-  gid = UOp(UOps.SPECIAL, i32, (), (0, "gidx0", 16, "global"))
+  out, a, b = (UOp(UOps.DEFINE_GLOBAL, i32, (), GlobalBuffer(f"data{number}", number, number == 0)) for number in range(3))
+  gid = UOp(UOps.SPECIAL, i32, (), ThreadIndex(0, "gidx0", 16, ThreadKind.GLOBAL))
   value = UOp(UOps.LOAD, i32, (a, gid))
   d = UOp(UOps.LOAD, i32, (b, gid)) if divisor is None else UOp(UOps.CONST, i32, (), divisor)
   quotient, remainder = UOp(UOps.ALU, i32, (value, d), BinaryOps.IDIV), UOp(UOps.ALU, i32, (value, d), BinaryOps.MOD)
@@ -70,6 +70,18 @@ def test_integer_division_by_a_value_is_guarded_in_both_dialects():
     guarded, plain = render("divmod", divmod_uops(None)), render("divmod", divmod_uops(4))
     assert "(val1==0?0:val1==(-1)?" in guarded and "((val1==0||val1==(-1))?0:(val0%val1))" in guarded, guarded
     assert "= (val0/4);" in plain and "= (val0%4);" in plain, plain
+
+def test_a_cuda_kernel_takes_one_pointer_per_buffer_in_buffer_order():
+  """The CUDA runtime launches a kernel with one pointer per buffer, in the order the program is called with: the renderer declares
+  one parameter per DEFINE_GLOBAL, numbered as the buffers are, and refuses any other order."""
+  from tinyc.runtime.nvrtc import compile_cuda, load_nvrtc
+  uops = divmod_uops(None)
+  assert "(int* data0, const int* data1, const int* data2)" in render_cuda("divmod", uops)
+  with pytest.raises(AssertionError, match="buffer 1 as parameter 0"): render_cuda("divmod", [uops[1], uops[0], *uops[2:]])
+  try: load_nvrtc()
+  except RuntimeError: pytest.skip("NVRTC is not installed here (CI installs nvidia-cuda-nvrtc)")
+  ptx = compile_cuda("divmod", render_cuda("divmod", uops), "sm_90", "ptx").decode()
+  assert [f".param .u64 divmod_param_{number}" in ptx for number in range(4)] == [True, True, True, False], ptx
 
 @pytest.mark.parametrize("backend", ["GPU", "CUDA"])
 def test_integer_division_by_zero_gives_zero(backend):

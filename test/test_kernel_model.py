@@ -54,8 +54,8 @@ def layernorm(rows: int = 9, width: int = 40):
   xs = load(3, view(x.shape, (0, 1), 2))
   mean = alu(BinaryOps.MUL, total(ReduceOps.SUM, xs, 1), const(1 / width, 2))
   centered = alu(BinaryOps.SUB, xs, mean)
-  invstd = alu(UnaryOps.RECIP, alu(UnaryOps.SQRT, alu(BinaryOps.ADD, alu(BinaryOps.MUL, total(ReduceOps.SUM, alu(BinaryOps.MUL, centered, centered), 1),
-                                                                                const(1 / width, 2)), const(1e-5, 2))))
+  variance = alu(BinaryOps.MUL, total(ReduceOps.SUM, alu(BinaryOps.MUL, centered, centered), 1), const(1 / width, 2))
+  invstd = alu(UnaryOps.RECIP, alu(UnaryOps.SQRT, alu(BinaryOps.ADD, variance, const(1e-5, 2))))
   ast = LazyOp(BufferOps.SINK, (store(0, alu(BinaryOps.MUL, centered, invstd), view(x.shape, (0, 1), 2)),
                                 store(1, mean, view((rows,), (0,), 2)), store(2, invstd, view((rows,), (0,), 2))))
   m = x.mean(1, keepdims=True)
@@ -82,7 +82,8 @@ def crossed_sums(rows: int = 7, cols: int = 13):
   """dims [r, c]: sums of the rows and of the columns: two reduces over different axes, each output a row of the other's axis."""
   x = np.random.default_rng(3).standard_normal((rows, cols))
   xs = load(2, view(x.shape, (0, 1), 2))
-  ast = LazyOp(BufferOps.SINK, (store(0, total(ReduceOps.SUM, xs, 1), view((rows,), (0,), 2)), store(1, total(ReduceOps.SUM, xs, 0), view((cols,), (1,), 2))))
+  ast = LazyOp(BufferOps.SINK, (store(0, total(ReduceOps.SUM, xs, 1), view((rows,), (0,), 2)),
+                                store(1, total(ReduceOps.SUM, xs, 0), view((cols,), (1,), 2))))
   return ast, [x], [x.sum(1), x.sum(0)]
 
 KERNELS: dict[str, Callable] = {"attention": attention, "layernorm": layernorm, "cross_entropy": cross_entropy, "crossed_sums": crossed_sums}

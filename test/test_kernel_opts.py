@@ -14,9 +14,9 @@ from tinyc.schedule import create_schedule
 from tinyc.codegen.cstyle import render_cuda, render_opencl
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.kernel import GPU_MAX_UPCAST, AxisKind, Kernel, KernelOptError, KernelTarget, Opt, OptOps
+from tinyc.codegen.linearizer import Linearizer
 
 G, L, U, GR, R, UN = AxisKind.GLOBAL, AxisKind.LOCAL, AxisKind.UPCAST, AxisKind.GROUP, AxisKind.REDUCE, AxisKind.UNROLL
-from tinyc.codegen.linearizer import Linearizer
 
 GPU = KernelTarget(has_local=True)  # the defaults: 1024 threads, 48 KB of local memory
 

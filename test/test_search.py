@@ -201,6 +201,17 @@ def test_the_cache_key_covers_the_kernel_the_device_and_the_settings(monkeypatch
   keys.add(search.cache_key(asts[0], "CUDA|sm_90"))
   assert len(keys) == 5
 
+def test_the_cache_key_names_the_device_language(monkeypatch):
+  keys: list[str] = []
+  monkeypatch.setattr(beam, "cache_get", lambda key: keys.append(key) or ())  # a hit: no search
+  ast = next(i.ast for i in create_schedule([Tensor.empty(16, 16).sum(1).lazydata]) if i.ast.op not in LoadOps)
+  device = Device[Device.DEFAULT]
+  for language in ("C", "another language"):
+    monkeypatch.setattr(device, "language", language)
+    beam._chosen.clear()
+    assert beam.beam_opts(device, ast) == ()
+  assert len(set(keys)) == 2, keys
+
 def test_a_cached_opt_list_that_no_longer_applies_is_searched_again(tinyc_device, monkeypatch):
   # a cache written by another version of tinyc can hold Opts that this kernel refuses: the entry is a miss, not a crash
   if Device[Device.DEFAULT].compile_binary is None: pytest.skip(f"{Device.DEFAULT} cannot build in worker processes")
@@ -209,7 +220,7 @@ def test_a_cached_opt_list_that_no_longer_applies_is_searched_again(tinyc_device
   ast = next(i.ast for i in create_schedule([out.lazydata]) if i.ast.op not in LoadOps)
   device = Device[Device.DEFAULT]
   with Context(BEAM=2):
-    key = search.cache_key(ast, f"{device.name}|{device.arch}|{getattr(device.render, '__name__', '')}")
+    key = search.cache_key(ast, f"{device.name}|{device.arch}|{device.language}")
     search.cache_put(key, [Opt(OptOps.UPCAST, 7, 4)])
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5, atol=1e-5)
     fixed = search.cache_get(key)

@@ -42,7 +42,7 @@ def beam_opts(device: Compiled, ast: LazyOp) -> tuple[Opt, ...]:
   if (opts := _chosen.get((device.name, ast))) is not None: return opts
   with _searching:
     if (opts := _chosen.get((device.name, ast))) is not None: return opts
-    key = cache_key(ast, f"{device.name}|{device.arch}|{getattr(device.render, '__name__', '')}")
+    key = cache_key(ast, f"{device.name}|{device.arch}|{device.language}")
     opts = cache_get(key)
     if opts is not None and not _applies(ast, opts, device.target): opts = None  # written by another version of tinyc: search again
     if opts is None:

@@ -14,7 +14,7 @@ from tinyc.ops import LazyOp, MemBuffer
 from tinyc.codegen.kernel import CPU_TARGET, Kernel, KernelTarget, Opt
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.linearizer import Linearizer
-from tinyc.codegen.uops import UOps, UOp, executed
+from tinyc.codegen.uops import ThreadKind, UOps, UOp, executed
 from tinyc.codegen.cpu_split import outer_split
 
 class Allocator:
@@ -111,9 +111,8 @@ def launch_sizes(uops: list[UOp], max_local: int = 256) -> tuple[tuple[int, int,
   groups, local_size = [1, 1, 1], [1, 1, 1]
   for uop in uops:
     if uop.op is UOps.SPECIAL:
-      dim, _, size, kind = uop.arg
-      (local_size if kind == "local" else groups)[dim] = size
-  if any(uop.op is UOps.SPECIAL and uop.arg[3] == "global" for uop in uops):
+      (local_size if uop.arg.kind is ThreadKind.LOCAL else groups)[uop.arg.dim] = uop.arg.size
+  if any(uop.op is UOps.SPECIAL and uop.arg.kind is ThreadKind.GLOBAL for uop in uops):
     budget = max_local
     for dim in range(3):
       local_size[dim] = max(d for d in range(1, min(groups[dim], budget) + 1) if groups[dim] % d == 0)
@@ -122,7 +121,7 @@ def launch_sizes(uops: list[UOp], max_local: int = 256) -> tuple[tuple[int, int,
   return (groups[0] * local_size[0], groups[1] * local_size[1], groups[2] * local_size[2]), (local_size[0], local_size[1], local_size[2])
 
 def cpu_launch_sizes(uops: list[UOp]) -> tuple[tuple[int, int, int] | None, tuple[int, int, int] | None]:
-  """A CPU kernel split across threads (see codegen/cpu_split.py): ((the trips of its gidx0 loop, 1, 1), (the fewest of them worth a
+  """A CPU kernel split across threads (see codegen/cpu_split.py): ((the trips of its outermost global loop, 1, 1), (the fewest of them worth a
   thread, 1, 1)). (None, None) for a kernel that runs on one thread."""
   if (split := outer_split(uops)) is None: return None, None
   return (split[0], 1, 1), (split[1], 1, 1)
@@ -130,15 +129,17 @@ def cpu_launch_sizes(uops: list[UOp]) -> tuple[tuple[int, int, int] | None, tupl
 class Compiled:
   """A backend: allocator + renderer (name, uops -> source) + compiler (name, source -> runnable) + a cache from AST to Program."""
   def __init__(self, name: str, allocator: Allocator, render: Callable[[str, list[UOp]], str], compile: Callable[[str, str], Callable[..., Any]],
-               threads: bool = False, max_local: int = 256, target: KernelTarget = CPU_TARGET,
+               *, language: str, threads: bool = False, max_local: int = 256, target: KernelTarget = CPU_TARGET,
                compile_binary: Callable[[str, str], bytes] | None = None, load: Callable[[str, str, bytes], Callable[..., Any]] | None = None,
                arch: str = "", graph: Callable[[list], Callable[[list[Buffer]], None] | None] | None = None) -> None:
     self.name, self.allocator, self.render, self.compile = name, allocator, render, compile
+    self.language = language  # what render writes, e.g. "CUDA C" (part of BEAM's cache key)
     self.threads, self.max_local = threads, max_local  # threads: global axes become GPU thread ids; max_local: the automatic work-group size
     self.target, self.arch = target, arch  # arch: the device and compiler, as far as they change the code (part of BEAM's cache key)
     # for BEAM: compile_binary (name, source) -> bytes runs in a worker process (picklable, needs no device); load makes it a runner
     self.compile_binary, self.load = compile_binary, load
-    # for TinyJit: graph(steps) replays captured (program, buffers) steps in one launch, called with the replay's input buffers
+    # for TinyJit: graph(steps) makes a one-launch replay of captured steps (each a program of this device and its buffers), called
+    # with the replay's input buffers
     self.graph = graph
     self.programs: dict[tuple[LazyOp, tuple[Opt, ...] | None], Program] = {}
     self._names: dict[str, int] = defaultdict(int)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib, functools, threading
 from typing import Any, Callable, Generic, TypeVar
 from tinyc.helpers import DEBUG
-from tinyc.device import Buffer, Device
+from tinyc.device import Buffer, Device, Program
 from tinyc.realize import Step, steps_run
 from tinyc import index_check
 from tinyc.index_check import IndexCheck
@@ -84,9 +84,10 @@ class TinyJit(Generic[ReturnType]):
     return self.result
 
 def _device_graph(steps: list[Step]) -> Callable[[list[Buffer]], None] | None:
-  """The device's graph of these steps (CUDA), or None: the steps then replay one launch at a time."""
-  devices = {getattr(run, "device", "") for run, _ in steps}
-  if len(devices) != 1 or "" in devices: return None
+  """The device's graph of these steps (CUDA) where all are programs of that device, or None: they then replay one launch at a time."""
+  programs = [run for run, _ in steps if isinstance(run, Program)]
+  devices = {program.device for program in programs}
+  if len(programs) != len(steps) or len(devices) != 1: return None
   make_graph = Device[devices.pop()].graph
   return None if make_graph is None else make_graph(steps)
 

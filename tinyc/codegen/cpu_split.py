@@ -1,5 +1,5 @@
-"""Layer 3: which CPU kernels run their outermost global loop gidx0 on several threads, and in what pieces. Imports codegen/uops.
-One rule for three users: the LLVM renderer gives such a kernel [start, end) arguments for gidx0, device.py reports gidx0's size
+"""Layer 3: which CPU kernels run their outermost global loop on several threads, and in what pieces. Imports codegen/uops.
+One rule for three users: the LLVM renderer gives such a kernel [start, end) arguments for that loop, device.py reports its size
 as the kernel's global size, and runtime/ops_llvm.py calls the kernel on ranges of it from a thread pool.
 
 Only kernels worth it are split: a kernel with constant loop bounds compiles about twice as fast (LLVM unrolls it instead of
@@ -17,11 +17,15 @@ def executed_ops(uops: list[UOp]) -> int:
   """The ALU ops, loads and stores a kernel executes: each counts once per iteration of the loops around it."""
   return executed(uops, lambda uop: uop.op in (UOps.ALU, UOps.LOAD, UOps.STORE))
 
+def outermost_global_loop(uops: list[UOp]) -> UOp | None:
+  """The LOOP the linearizer marked as the kernel's outermost global loop (Loop.outermost_global); None in a kernel without one."""
+  return next((uop for uop in uops if uop.op is UOps.LOOP and uop.arg.outermost_global), None)
+
 def outer_split(uops: list[UOp]) -> tuple[int, int] | None:
-  """(the trips of gidx0, the fewest of them worth a thread of their own) for a kernel worth at least two threads; None for one
-  that runs on a single thread (no gidx0 loop, or too little work)."""
-  rows = next((uop.src[1].arg for uop in uops if uop.op is UOps.LOOP and uop.arg[0] == "gidx0"), None)
-  if rows is None: return None
+  """(the trips of the outermost global loop, the fewest of them worth a thread of their own) for a kernel worth at least two
+  threads; None for one that runs on a single thread (no global loop, or too little work)."""
+  if (loop := outermost_global_loop(uops)) is None: return None
+  rows = loop.src[1].arg
   min_rows = -(-CPU_WORK_PER_THREAD * rows // max(executed_ops(uops), 1))  # rounded up
   return (rows, min_rows) if rows >= 2 * min_rows else None
 

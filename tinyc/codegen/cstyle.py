@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from tinyc.dtype import DType, dtypes
 from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
-from tinyc.codegen.uops import UOp, UOps
+from tinyc.codegen.uops import ThreadKind, UOp, UOps
 
 def _is_signed(dtype: DType) -> bool: return dtypes.is_int(dtype) and not dtypes.is_unsigned(dtype)
 def _max(a: str, b: str) -> str: return f"((({a})!=({a}) || ({a})>({b})) ? ({a}) : ({b}))"  # NaN wins, like torch.maximum
@@ -44,6 +44,11 @@ class CStyleDialect:
   vector_load: Callable[[str, str, str], str]  # (vector type, pointer, index) -> the vector at pointer + index (16-byte aligned)
   vector_store: Callable[[str, str, str, str], str]  # (vector type, pointer, index, vector) -> statement
   make_vector: Callable[[str, list[str]], str]  # (vector type, lane values) -> vector expression
+  unsigned: Callable[[str], str]        # a signed integer type -> its unsigned twin
+  double_bits: Callable[[str], str]     # unsigned 64-bit integer expression -> double with those bits
+  bits_of_double: Callable[[str], str]  # double expression -> its bits as an unsigned 64-bit integer
+  half_bits: Callable[[str, str], str]  # (float expression, name) -> statement declaring `name`, its float16 bits as unsigned short
+  half_of_bits: Callable[[str], str]    # an unsigned short variable -> the float its float16 bits stand for
   prelude: str = ""
   infinity: str = "INFINITY"
   nan: str = "NAN"
@@ -65,7 +70,9 @@ CUDA_DIALECT = CStyleDialect(
   lambda ptr, idx: f"__half_bits_to_float({ptr}[{idx}])", lambda ptr, idx, value: f"{ptr}[{idx}] = __float_to_half_bits({value});",
   lambda bits: f"__uint_as_float({bits})", lambda value: f"__float_as_uint({value})",
   lambda vtype, ptr, idx: f"*((const {vtype}*)({ptr}+{idx}))", lambda vtype, ptr, idx, value: f"*(({vtype}*)({ptr}+{idx})) = {value};",
-  lambda vtype, lanes: f"make_{vtype}({','.join(lanes)})",
+  lambda vtype, lanes: f"make_{vtype}({','.join(lanes)})", lambda name: f"unsigned {name}",
+  lambda bits: f"__longlong_as_double((long long){bits})", lambda value: f"__double_as_longlong({value})",
+  lambda value, name: f"unsigned short {name} = __float_to_half_bits({value});", lambda name: f"__half_bits_to_float({name})",
   prelude=("__device__ inline float __half_bits_to_float(unsigned short h) {\n"
            "  float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f;\n}\n"
            "__device__ inline unsigned short __float_to_half_bits(float f) {\n"
@@ -83,7 +90,10 @@ OPENCL_DIALECT = CStyleDialect(
   lambda ptr, idx: f"vload_half({idx}, {ptr})", lambda ptr, idx, value: f"vstore_half({value}, {idx}, {ptr});",
   lambda bits: f"as_float({bits})", lambda value: f"as_uint({value})",
   lambda vtype, ptr, idx: f"vload{vtype[-1]}(0, {ptr}+{idx})", lambda vtype, ptr, idx, value: f"vstore{vtype[-1]}({value}, 0, {ptr}+{idx});",
-  lambda vtype, lanes: f"({vtype})({','.join(lanes)})",
+  lambda vtype, lanes: f"({vtype})({','.join(lanes)})", lambda name: f"u{name}",
+  lambda bits: f"as_double({bits})", lambda value: f"as_ulong({value})",
+  lambda value, name: f"ushort {name}; vstore_half({value}, 0, (__private half*)&{name});",
+  lambda name: f"vload_half(0, (__private const half*)&{name})",
   prelude="#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n",
   keep_integer_max_loops_rolled=True)  # NVIDIA's OpenCL compiles through the same ptxas
 
@@ -171,7 +181,7 @@ class CStyleRenderer:
   def negate_signed(self, value: str, dtype: DType) -> str:
     """-value through unsigned arithmetic: wraps like torch, and gives the compiler no signed overflow to reason with (NVRTC turned
     `acc > -x` into `acc + x > 0`, which is wrong from acc = INT_MIN)."""
-    unsigned = "unsigned " + self.type_name(dtype) if self.dialect.name == "CUDA" else "u" + self.type_name(dtype)
+    unsigned = self.dialect.unsigned(self.type_name(dtype))
     return f"(({self.type_name(dtype)})(({unsigned})0-({unsigned}){value}))"
 
   def int_divmod(self, op: Op, divisor: UOp, a: str, b: str, dtype: DType) -> str:
@@ -191,13 +201,12 @@ class CStyleRenderer:
 
   def render(self) -> str:
     dialect = self.dialect
-    params = []
+    params: list[str] = []
     for uop in self.uops:
       if uop.op is UOps.DEFINE_GLOBAL:
-        name, is_output = uop.arg
-        assert uop.dtype is not None
-        params.append(f"{dialect.buffer_prefix}{'' if is_output else 'const '}{self.memory_type(uop.dtype)}* {name}")
-        self.names[uop] = name
+        assert uop.dtype is not None and uop.arg.number == len(params), f"buffer {uop.arg.number} as parameter {len(params)}"
+        params.append(f"{dialect.buffer_prefix}{'' if uop.arg.is_output else 'const '}{self.memory_type(uop.dtype)}* {uop.arg.name}")
+        self.names[uop] = uop.arg.name
     rolled = dialect.keep_integer_max_loops_rolled and any(
       u.op is UOps.STORE and u.src[0].op is UOps.DEFINE_ACC and u.src[1].op is UOps.ALU and u.src[1].arg is BinaryOps.MAX
       and u.src[1].dtype is not None and not dtypes.is_float(u.src[1].dtype) for u in self.uops)
@@ -208,18 +217,18 @@ class CStyleRenderer:
         assert dtype is not None
         self.names[uop] = self.const(uop.arg, dtype)
       elif uop.op is UOps.SPECIAL:
-        dim, name, size, kind = uop.arg
-        thread_id = {"global": dialect.global_id, "group": dialect.group_id, "local": dialect.local_id}[kind](dim)
-        self.emit(f"int {name} = {thread_id};  /* 0..{size - 1} */")
-        self.names[uop] = name
+        index = uop.arg
+        thread_id = {ThreadKind.GLOBAL: dialect.global_id, ThreadKind.GROUP: dialect.group_id, ThreadKind.LOCAL: dialect.local_id}[index.kind]
+        self.emit(f"int {index.name} = {thread_id(index.dim)};  /* 0..{index.size - 1} */")
+        self.names[uop] = index.name
       elif uop.op is UOps.DEFINE_LOCAL:
         assert dtype is not None
         # 16-byte aligned for vector reads and writes: an array of float is only 4-byte aligned, and CUDA faults on a misaligned float4
-        self.emit(f"{dialect.local_prefix}{self.memory_type(dtype)} {uop.arg[0]}[{uop.arg[1]}] __attribute__((aligned(16)));")
-        self.names[uop] = uop.arg[0]
+        self.emit(f"{dialect.local_prefix}{self.memory_type(dtype)} {uop.arg.name}[{uop.arg.size}] __attribute__((aligned(16)));")
+        self.names[uop] = uop.arg.name
       elif uop.op is UOps.BARRIER: self.emit(dialect.barrier)
       elif uop.op is UOps.LOOP:
-        name = uop.arg[0]
+        name = uop.arg.name
         if rolled: self.emit("#pragma unroll 1")
         self.emit(f"for (int {name} = {self.value(uop.src[0])}; {name} < {self.value(uop.src[1])}; {name}++) {{")
         self.names[uop] = name
@@ -260,33 +269,29 @@ class CStyleRenderer:
     target (16-bit floats live as float in registers, so they convert through their 16-bit form)."""
     source, target, value = uop.src[0].dtype, uop.dtype, self.value(uop.src[0])
     assert source is not None and target is not None and source.itemsize == target.itemsize, f"bitcast {source} -> {target}"
-    unsigned = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long" if self.dialect.name == "CUDA" else "ulong"}
+    unsigned = self.dialect.unsigned(self.type_name({1: dtypes.int8, 2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}[source.itemsize]))
     bits = self.fresh("bits")
-    self.emit(f"{unsigned[source.itemsize]} {bits} = {self.to_bits(value, source)};")
-    return self.from_bits(f"({unsigned[target.itemsize]})({bits})", target)
+    self.emit(f"{unsigned} {bits} = {self.to_bits(value, source)};")
+    return self.from_bits(f"({unsigned})({bits})", target)
 
   def to_bits(self, value: str, dtype: DType) -> str:
-    cuda = self.dialect.name == "CUDA"
     if dtype == dtypes.float32: return self.dialect.bits_of_float(value)
-    if dtype == dtypes.float64: return f"__double_as_longlong({value})" if cuda else f"as_ulong({value})"
+    if dtype == dtypes.float64: return self.dialect.bits_of_double(value)
     if dtype == dtypes.bfloat16: return f"(unsigned short)({self.dialect.bits_of_float(value)}>>16)"
     if dtype == dtypes.float16:
-      if cuda: return f"__float_to_half_bits({value})"
       half_bits = self.fresh("half_bits")
-      self.emit(f"ushort {half_bits}; vstore_half({value}, 0, (__private half*)&{half_bits});")
+      self.emit(self.dialect.half_bits(value, half_bits))
       return half_bits
     return value
 
   def from_bits(self, bits: str, dtype: DType) -> str:
-    cuda = self.dialect.name == "CUDA"
     if dtype == dtypes.float32: return self.dialect.float_bits(bits)
-    if dtype == dtypes.float64: return f"__longlong_as_double((long long){bits})" if cuda else f"as_double({bits})"
+    if dtype == dtypes.float64: return self.dialect.double_bits(bits)
     if dtype == dtypes.bfloat16: return self.dialect.float_bits(f"(((unsigned int){bits})<<16)")
     if dtype == dtypes.float16:
-      if cuda: return f"__half_bits_to_float({bits})"
       half_bits = self.fresh("half_bits")
-      self.emit(f"ushort {half_bits} = {bits};")
-      return f"vload_half(0, (__private const half*)&{half_bits})"
+      self.emit(f"{self.dialect.unsigned(self.type_name(dtypes.int16))} {half_bits} = {bits};")
+      return self.dialect.half_of_bits(half_bits)
     return f"({self.type_name(dtype)})({bits})"
 
 def render_cuda(function_name: str, uops: list[UOp]) -> str: return CStyleRenderer(CUDA_DIALECT, function_name, uops).render()

@@ -86,10 +86,10 @@ class Kernel:
     self.reduceops: list[LazyOp] = [node for node in nodes if node.op in ReduceOps]  # sources before their users
     self.stores: list[LazyOp] = list(ast.src)
     # buffers: the outputs first, then inputs and constants in the order the AST reaches them
-    self.bufs: list[MemBuffer | ConstBuffer] = dedup([store.arg for store in self.stores] +
-                                                     [node.arg for node in nodes if node.op in (BufferOps.LOAD, BufferOps.CONST)])
+    leaves = [node.arg for node in nodes if node.op in (BufferOps.LOAD, BufferOps.CONST)]
+    self.bufs: list[MemBuffer | ConstBuffer] = dedup([store.arg for store in self.stores] + leaves)
     self.sts: list[ShapeTracker] = [buf.st for buf in self.bufs]
-    assert len({len(st.shape) for st in self.sts}) == 1, f"every buffer of a kernel needs the same number of dims, got {[st.shape for st in self.sts]}"
+    assert len({len(st.shape) for st in self.sts}) == 1, f"every buffer of a kernel needs one dim per axis, got {[st.shape for st in self.sts]}"
     self.full_shape: tuple[int, ...] = tuple(max(sizes) for sizes in zip(*[st.shape for st in self.sts]))
     self.owners: tuple[frozenset[int], ...] = tuple(frozenset(number for number, reduceop in enumerate(self.reduceops) if axis in reduceop.arg)
                                                     for axis in range(len(self.full_shape)))

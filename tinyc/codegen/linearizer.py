@@ -14,7 +14,7 @@ from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, 
 from tinyc.shape.shapetracker import flatten_node, unflatten_node
 from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, simplify_given_valid
 from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel
-from tinyc.codegen.uops import PYTHON_ALU, VECTOR_WIDTH, UOp, UOps, cast_python_value
+from tinyc.codegen.uops import PYTHON_ALU, VECTOR_WIDTH, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind, UOp, UOps, cast_python_value
 from tinyc.codegen.tiles import Tile, define_tile, load_tiles, read_tile, store_tiles
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
@@ -86,9 +86,9 @@ class Linearizer:
     if value.op is UOps.CONST: return self.const(value.arg, dtype)
     return self.uop(UOps.CAST, dtype, (value,))
 
-  def loop(self, name: str, size: int, axis: int | None) -> UOp:
+  def loop(self, name: str, size: int, axis: int | None, outermost_global: bool = False) -> UOp:
     bounds = (self.const(0, self.index_dtype), self.const(size, self.index_dtype))
-    loop = self.uop(UOps.LOOP, self.index_dtype, bounds, (name, self._worth_vectorizing(axis)), pure=False)
+    loop = self.uop(UOps.LOOP, self.index_dtype, bounds, Loop(name, self._worth_vectorizing(axis), outermost_global), pure=False)
     self.loop_uops[name] = loop
     self._open_loops.append(loop)
     self._scopes.append([])
@@ -218,7 +218,7 @@ class Linearizer:
     kernel = self.kernel
     # one global per buffer number: a buffer read through two views is still one argument
     dtype_of_buffer = {buf.idx: buf.dtype for buf in kernel.bufs if isinstance(buf, MemBuffer)}
-    self.globals = {idx: self.uop(UOps.DEFINE_GLOBAL, dtype, (), (f"data{idx}", idx < kernel.n_outputs), pure=False)
+    self.globals = {idx: self.uop(UOps.DEFINE_GLOBAL, dtype, (), GlobalBuffer(f"data{idx}", idx, idx < kernel.n_outputs), pure=False)
                     for idx, dtype in sorted(dtype_of_buffer.items())}
     self._locals_at = len(self.uops)  # local memory is defined here, at the kernel's scope, wherever it is used
     self.tiles = {kernel.bufs[number]: define_tile(self, number) for number in kernel.staged}
@@ -250,10 +250,11 @@ class Linearizer:
       self.thread_idxs[axis] = Variable(name, 0, kernel.full_shape[axis] - 1)
       if not self.threads: continue
       dim = len(thread_axes) - 1 - thread_axes.index(axis) if is_thread else len(global_axes) - 1 - global_axes.index(axis)
-      kind = "local" if is_thread else ("group" if thread_axes else "global")
-      self.loop_uops[name] = self.uop(UOps.SPECIAL, self.index_dtype, (), (dim, name, kernel.full_shape[axis], kind), pure=False)
+      kind = ThreadKind.LOCAL if is_thread else (ThreadKind.GROUP if thread_axes else ThreadKind.GLOBAL)
+      self.loop_uops[name] = self.uop(UOps.SPECIAL, self.index_dtype, (), ThreadIndex(dim, name, kernel.full_shape[axis], kind), pure=False)
     assert self.threads or not thread_axes, "LOCAL and GROUP axes need a GPU"
-    return [] if self.threads else [self.loop(f"gidx{axis}", kernel.full_shape[axis], axis) for axis in global_axes]
+    return [] if self.threads else [self.loop(f"gidx{axis}", kernel.full_shape[axis], axis, outermost_global=axis == global_axes[0])
+                                    for axis in global_axes]
 
   def group_member(self) -> Node:
     """This thread's position among the threads that share a group reduce."""
@@ -287,7 +288,7 @@ class Linearizer:
     self.hoist(hoisted, scope)
     for axis in axes:
       name = f"ridx{axis}"
-      while any(loop.arg[0] == name for loop in self._open_loops): name += "_"  # a loop nested in another over the same axis
+      while any(loop.arg.name == name for loop in self._open_loops): name += "_"  # a loop nested in another over the same axis
       loops.append(self.loop(name, self.kernel.full_shape[axis], axis))
       scope.bound[axis] = Variable(name, 0, self.kernel.full_shape[axis] - 1)
       self.hoist(hoisted, scope)
@@ -350,7 +351,8 @@ class Linearizer:
     with `everyone`, every thread reads the result (each walks the partials itself for other sizes; inside a loop, a barrier
     after the reads lets the next trip write the partials again)."""
     kernel, lanes, op = self.kernel, len(partials), cast(ReduceOps, reduceop.op)
-    local_axes, group_count, member = kernel.axes(AxisKind.LOCAL), prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GROUP)), self.group_member()
+    local_axes, member = kernel.axes(AxisKind.LOCAL), self.group_member()
+    group_count = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GROUP))
     first_slot = flatten_node([self.thread_idxs[axis] for axis in local_axes], [kernel.full_shape[axis] for axis in local_axes]) * group_count
     name = "partials" + str(sum(uop.op is UOps.DEFINE_LOCAL for uop in self.uops) or "")  # one buffer a reduce: no barrier between
     memory = self.define_local(reduceop.dtype, name, kernel.local_size * lanes)
@@ -382,7 +384,7 @@ class Linearizer:
 
   def define_local(self, dtype: DType, name: str, size: int) -> UOp:
     """Local memory, defined at the kernel's scope (OpenCL allows no other) wherever it is used."""
-    memory = UOp(UOps.DEFINE_LOCAL, dtype, (), (name, size))
+    memory = UOp(UOps.DEFINE_LOCAL, dtype, (), LocalBuffer(name, size))
     self.uops.insert(self._locals_at, memory)
     self._locals_at += 1
     return memory

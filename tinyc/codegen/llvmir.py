@@ -1,9 +1,9 @@
 """Layer 3: renders UOps to LLVM IR text with llvmlite's IR builder (pure Python; compiling is runtime/ops_llvm.py's job).
-Imports helpers, dtype, ops, codegen/uops; llvmlite.ir only (the IR builder, no native code).
+Imports helpers, dtype, ops, codegen/uops, codegen/cpu_split; llvmlite.ir only (the IR builder, no native code).
 
 Loops are do-while blocks with a phi for the counter (every loop runs at least once); an accumulator is an alloca that
 LLVM's mem2reg turns into phis. bfloat16 lives in memory as i16 and in registers as float. In a kernel large enough to split
-across CPU threads, the outermost global loop gidx0 runs over [start, end) given as two trailing i64 arguments.
+across CPU threads, the outermost global loop (Loop.outermost_global) runs over [start, end) given as two trailing i64 arguments.
 """
 from __future__ import annotations
 import contextlib
@@ -14,7 +14,7 @@ import llvmlite.ir as ir
 from tinyc.dtype import DType, dtypes
 from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
 from tinyc.codegen.uops import UOp, UOps
-from tinyc.codegen.cpu_split import outer_split
+from tinyc.codegen.cpu_split import outer_split, outermost_global_loop
 
 # reassociation lets LLVM vectorize reductions; no nnan/ninf (inf and NaN keep their meaning), and no arcp/afn: those let
 # LLVM turn 1/sqrt(x) into an approximation that gives nan at 0
@@ -133,13 +133,13 @@ LLVMLITE_LOCK = threading.Lock()
 
 def render_llvm(function_name: str, uops: list[UOp]) -> str:
   """LLVM IR of `void function_name(ptr data0, ptr data1, ..., i64 start, i64 end)` for these UOps; start and end (only for a
-  kernel that cpu_split.outer_split splits) bound the gidx0 loop, and the caller must keep start < end (loops are do-while)."""
+  kernel that cpu_split.outer_split splits) bound its outermost global loop, and the caller must keep start < end (loops are do-while)."""
   with LLVMLITE_LOCK: return _render_llvm(function_name, uops)
 
 def _render_llvm(function_name: str, uops: list[UOp]) -> str:
   module = ir.Module(name=function_name)
   buffers = [uop for uop in uops if uop.op is UOps.DEFINE_GLOBAL]
-  outer_loop = next((uop for uop in uops if uop.op is UOps.LOOP and uop.arg[0] == "gidx0"), None) if outer_split(uops) else None
+  outer_loop = outermost_global_loop(uops) if outer_split(uops) else None
   range_types = [ir.IntType(64)] * 2 if outer_loop is not None else []
   function = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()] * len(buffers) + range_types), name=function_name)
   for arg in function.args[:len(buffers)]: arg.add_attribute("noalias")
@@ -148,7 +148,7 @@ def _render_llvm(function_name: str, uops: list[UOp]) -> str:
   builder = ir.IRBuilder(function.append_basic_block("body"))
   allocas = ir.IRBuilder(entry)
   if outer_loop is not None:
-    # clamped to the loop's constant end: knowing gidx0 < end LLVM proves the index math cannot overflow, which it needs to
+    # clamped to the loop's constant end: knowing the counter < end LLVM proves the index math cannot overflow, which it needs to
     # vectorize loads (without it a 512x512 matmul runs 5x slower). Truncated here where the index type is i32.
     index_type, trips = register_type(_dtype_of(outer_loop)), ir.Constant(ir.IntType(64), outer_loop.src[1].arg)
     outer_bounds = []
@@ -162,26 +162,27 @@ def _render_llvm(function_name: str, uops: list[UOp]) -> str:
   for uop in uops:
     src: list[Any] = [values.get(s) for s in uop.src]
     dtype = uop.dtype if uop.dtype is not None else dtypes.bool  # (ops without a dtype do not read it)
-    if uop.op is UOps.DEFINE_GLOBAL: values[uop] = function.args[buffers.index(uop)]
+    if uop.op is UOps.DEFINE_GLOBAL: values[uop] = function.args[uop.arg.number]
     elif uop.op is UOps.CONST: values[uop] = _constant(uop.arg, dtype)
     elif uop.op is UOps.DEFINE_ACC:
       values[uop] = allocas.alloca(register_type(dtype))  # in the entry block, where mem2reg promotes it
       builder.store(_constant(uop.arg, dtype), values[uop])  # reset each time the enclosing loops reach it
     elif uop.op is UOps.LOOP:
-      preheader, body = builder.block, function.append_basic_block(f"loop_{uop.arg[0]}")
+      preheader, body = builder.block, function.append_basic_block(f"loop_{uop.arg.name}")
       builder.branch(body)
       builder.position_at_end(body)
       start, end = outer_bounds if uop is outer_loop else src[:2]
-      counter = builder.phi(register_type(dtype), name=uop.arg[0])
+      counter = builder.phi(register_type(dtype), name=uop.arg.name)
       counter.add_incoming(start, preheader)
       values[uop], loop_state[uop] = counter, (body, counter, end)
     elif uop.op is UOps.END:
       body, counter, end = loop_state[uop.src[0]]
       following = builder.add(counter, ir.Constant(counter.type, 1))
-      exit_block = function.append_basic_block(f"after_{uop.src[0].arg[0]}")
+      loop = uop.src[0].arg
+      exit_block = function.append_basic_block(f"after_{loop.name}")
       latch = builder.cbranch(builder.icmp_signed("<", following, end), body, exit_block)
-      if not uop.src[0].arg[1]:
-        loop_ids.append(module.add_metadata([no_vectorize_option, module.add_metadata(["tinyc.loop", uop.src[0].arg[0]])]))  # one id a loop
+      if not loop.vectorize:
+        loop_ids.append(module.add_metadata([no_vectorize_option, module.add_metadata(["tinyc.loop", loop.name])]))  # one id a loop
         latch.set_metadata("llvm.loop", loop_ids[-1])
       counter.add_incoming(following, builder.block)
       builder.position_at_end(exit_block)

@@ -8,13 +8,12 @@ from tinyc.dtype import DType, dtypes
 from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
 
 class UOps(Enum):
-  DEFINE_GLOBAL = auto()  # arg: (name, is_output); dtype: element type of the buffer
+  DEFINE_GLOBAL = auto()  # arg: a GlobalBuffer; dtype: element type of the buffer
   DEFINE_ACC = auto()     # a mutable local scalar; arg: its initial value. LOAD(acc) reads it, STORE(acc, value) writes it
-  SPECIAL = auto()        # a thread id on GPUs; arg: (dim, name, size, kind): kind "global" is the global thread id, "group" the
-                          # work-group id, "local" the thread's id inside its work-group
-  DEFINE_LOCAL = auto()   # memory shared by a work-group (CUDA __shared__, OpenCL __local); arg: (name, size)
+  SPECIAL = auto()        # a thread id on GPUs; arg: a ThreadIndex
+  DEFINE_LOCAL = auto()   # memory shared by a work-group (CUDA __shared__, OpenCL __local); arg: LocalBuffer
   BARRIER = auto()        # every thread of the work-group waits here, and sees the others' local-memory writes
-  LOOP = auto()           # src: (start, end); arg: (the loop variable's name, whether SIMD across its trips pays: every access unit-stride)
+  LOOP = auto()           # src: (start, end); arg: a Loop
   IF = auto()             # src: (condition,); what follows runs only where it holds, up to the END
   END = auto()            # src: (loop or if,)
   LOAD = auto()           # src: (buffer, index[, valid]) or (acc,)
@@ -25,6 +24,40 @@ class UOps(Enum):
   BITCAST = auto()
   VECTORIZE = auto()      # src: the lanes; dtype: their vector type (a LOAD or STORE of a vector moves all lanes at once)
   GEP = auto()            # src: (vector,); arg: the lane it reads
+
+@dataclass(frozen=True)
+class GlobalBuffer:
+  """DEFINE_GLOBAL's arg: a buffer the kernel takes as a pointer parameter. Parameters are in buffer-number order, outputs first."""
+  name: str
+  number: int
+  is_output: bool
+
+@dataclass(frozen=True)
+class LocalBuffer:
+  """DEFINE_LOCAL's arg: `size` elements of work-group memory, defined at the kernel's scope."""
+  name: str
+  size: int
+
+class ThreadKind(Enum):
+  GLOBAL = auto()  # the global thread id (the runtime picks the work-group size)
+  GROUP = auto()   # the work-group id
+  LOCAL = auto()   # the thread's id inside its work-group
+
+@dataclass(frozen=True)
+class ThreadIndex:
+  """SPECIAL's arg: a GPU thread index along launch dimension `dim`, from 0 to size - 1."""
+  dim: int
+  name: str
+  size: int
+  kind: ThreadKind
+
+@dataclass(frozen=True)
+class Loop:
+  """LOOP's arg. `vectorize`: SIMD across its trips pays (every access unit-stride). `outermost_global`: the kernel's outermost
+  global loop, which a CPU kernel may run in ranges on several threads (codegen/cpu_split.py)."""
+  name: str
+  vectorize: bool
+  outermost_global: bool = False
 
 VECTOR_WIDTH = 4  # lanes of a GPU vector load or store: 4 x 4 bytes is the widest single memory instruction
 
@@ -73,6 +106,6 @@ def executed(uops: list[UOp], counted: Callable[[UOp], bool]) -> int:
       loop_sizes.append(uop.src[1].arg)
       trips *= uop.src[1].arg
     elif uop.op is UOps.END and uop.src[0].op is UOps.LOOP: trips //= loop_sizes.pop()
-    elif uop.op is UOps.SPECIAL: trips *= uop.arg[2]  # one GPU thread per index
+    elif uop.op is UOps.SPECIAL: trips *= uop.arg.size  # one GPU thread per index
     elif counted(uop): total += trips
   return total

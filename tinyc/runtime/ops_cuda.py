@@ -9,7 +9,7 @@ touches the driver (allocation, copies, module loads, launches, events, graphs) 
 current on its thread (PRIMARY.make_current(): once per thread, then one attribute lookup).
 """
 from __future__ import annotations
-import atexit, ctypes, ctypes.util, functools, re, struct, threading
+import atexit, ctypes, ctypes.util, functools, struct, threading
 from typing import Any, Callable
 import numpy as np
 import pycuda.driver as cuda
@@ -73,20 +73,19 @@ class CUDACompiler:
   def compile(self, name: str, source: str) -> Callable[..., float | None]:
     PRIMARY.make_current()
     if source not in self.modules: self.modules[source] = _load_module(name, cached_cubin(name, source, self.arch))
-    return _runner(self.modules[source], name, source)
+    return _runner(self.modules[source], name)
 
   def load(self, name: str, source: str, cubin: bytes) -> Callable[..., float | None]:
     """A runner for a cubin compiled elsewhere (a BEAM worker)."""
     PRIMARY.make_current()
-    return _runner(_load_module(name, cubin), name, source)
+    return _runner(_load_module(name, cubin), name)
 
 def _load_module(name: str, cubin: bytes) -> Any:
   try: return cuda.module_from_buffer(cubin)
   except cuda.Error as error: raise CompileError(f"CUDA could not load kernel {name}: {error}") from error
 
-def _runner(module: Any, name: str, source: str) -> Callable[..., float | None]:
+def _runner(module: Any, name: str) -> Callable[..., float | None]:
   function = module.get_function(name)
-  pack = struct.Struct("P" * _pointer_parameters(source, name)).pack
   # pycuda's prepared_call ends in _launch_kernel: called directly, a launch took 4.5 us on the H200 machine instead of 5.5
   launch = function._launch_kernel
   def run(*buffers: Any, global_size: tuple[int, int, int], local_size: tuple[int, int, int], wait: bool = False, stream: Any = None) -> float | None:
@@ -96,7 +95,7 @@ def _runner(module: Any, name: str, source: str) -> Callable[..., float | None]:
       if wait:
         start, end = cuda.Event(), cuda.Event()  # this run's own: threads may time one kernel at once
         start.record()
-      launch(grid, local_size, pack(*map(int, buffers)), 0, stream)
+      launch(grid, local_size, _pointer_packer(len(buffers))(*map(int, buffers)), 0, stream)
       if not wait: return None
       end.record()
       end.synchronize()
@@ -104,6 +103,11 @@ def _runner(module: Any, name: str, source: str) -> Callable[..., float | None]:
       raise RuntimeError(f"CUDA kernel {name} failed (grid {grid}, block {local_size}): {error}") from error
     return start.time_till(end) * 1e-3
   return run
+
+@functools.cache
+def _pointer_packer(count: int) -> Callable[..., bytes]:
+  """Packs a kernel's parameters, one pointer per buffer in the order the program is called with (as every renderer declares them)."""
+  return struct.Struct("P" * count).pack
 
 class CUDAGraph:
   """TinyJit's replay as one launch of a CUDA graph, instead of about 10 us of Python and driver work for each kernel. A graph
@@ -152,16 +156,6 @@ def _check(status: int) -> None:
     _driver.cuGetErrorString(status, ctypes.byref(message))
     raise RuntimeError(f"CUDA graph call failed: {(message.value or b'unknown error').decode()} ({status})")
 
-def graph_for(steps: list[tuple[Any, list[Buffer]]]) -> CUDAGraph | None:
-  """A CUDA graph for TinyJit's captured steps, or None when one of them is not a kernel of this device (a copy)."""
-  if not all(isinstance(run, Program) and run.device == "CUDA" for run, _ in steps): return None
-  return CUDAGraph(steps)
-
-def _pointer_parameters(source: str, name: str) -> int:
-  match = re.search(rf"void {name}\(([^)]*)\)", source)
-  assert match is not None, f"no signature for {name} in its source"
-  return match.group(1).count("*")
-
 def open_device() -> Compiled:
   try:
     cuda.init()
@@ -177,7 +171,7 @@ def open_device() -> Compiled:
   target = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST, max_local_size=attribute("MAX_THREADS_PER_BLOCK"),
                         local_memory_bytes=attribute("MAX_SHARED_MEMORY_PER_BLOCK"),
                         max_local_dim_sizes=(attribute("MAX_BLOCK_DIM_X"), attribute("MAX_BLOCK_DIM_Y"), attribute("MAX_BLOCK_DIM_Z")))
-  return Compiled("CUDA", CUDAAllocator(), render_cuda, compiler.compile, threads=True,
+  return Compiled("CUDA", CUDAAllocator(), render_cuda, compiler.compile, language="CUDA C", threads=True,
                   max_local=min(256, attribute("MAX_THREADS_PER_BLOCK")), target=target,
                   compile_binary=functools.partial(compile_cuda, arch=compiler.arch, output="cubin"), load=compiler.load,
-                  arch=f"{device.name()} {compiler.arch}", graph=graph_for)
+                  arch=f"{device.name()} {compiler.arch}", graph=CUDAGraph)

@@ -88,7 +88,7 @@ def make_runner(address: int) -> Callable[..., float | None]:
   function = ctypes.CFUNCTYPE(None)(address)  # no argtypes: each call passes c_void_p pointers (and c_int64 bounds) as they are
   def run(*buffers: HostMemory, global_size: tuple[int, int, int] | None = None, local_size: tuple[int, int, int] | None = None,
           wait: bool = False) -> float | None:
-    """For a kernel split across threads (it takes [start, end) of gidx0 after the buffers), global_size[0] is the trips of gidx0
+    """For a kernel split across threads (it takes [start, end) of its outermost global loop after the buffers), global_size[0] is that loop's trips
     and local_size[0] the fewest of them worth a thread; None for one that runs on one thread (see codegen/cpu_split.py)."""
     started = time.perf_counter()
     pointers = [buf.pointer for buf in buffers]
@@ -145,5 +145,5 @@ if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_forget_p
 
 def open_device() -> Compiled:
   compiler = LLVMCompiler()
-  return Compiled("LLVM", HostAllocator(), render_llvm, compiler.compile, compile_binary=compile_object, load=compiler.load,
+  return Compiled("LLVM", HostAllocator(), render_llvm, compiler.compile, language="LLVM IR", compile_binary=compile_object, load=compiler.load,
                   arch=f"{llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}")
