@@ -166,7 +166,7 @@ class Compiled:
     if opts is None: hand_coded_optimizations(kernel)
     else:
       for opt in opts: kernel.apply_opt(opt)
-    if DEBUG >= 3: print(f"opts: {kernel.applied_opts}")
+    if DEBUG >= 3: print(f"opts: {kernel.applied_opts}\nlayout: {kernel.describe_layout()}")
     lowered = lower(kernel, self.threads, self.max_local)
     with self._lock:  # two kernels of one name in one address space (a CPU backend) would run each other's code
       self._names[kernel.name] += 1
