@@ -50,8 +50,7 @@ class Linearizer:
     self.tiles: dict[MemBuffer | ConstBuffer, Tile] = {}
     self._value_axes: dict[LazyOp, frozenset[int]] = {}
     self._locals_at = 0  # where the next DEFINE_LOCAL goes
-    self._depth = 0  # reduce loops open around the code being made
-    self._open_loops: list[UOp] = []
+    self._open_loops: list[UOp] = []  # the loops around the code being made
     self.index_dtype = dtypes.int32 if max(st.real_size() for st in kernel.sts) < 2**31 else dtypes.int64
 
   # ---- making UOps ----
@@ -321,7 +320,6 @@ class Linearizer:
     if self.tiles:  # the first trip's tiles (staged inputs), before the loops
       store_tiles(self, load_tiles(self, scope.bound, {axis: NumNode(0) for axis in own[AxisKind.REDUCE]}), NumNode(0))
       self.uop(UOps.BARRIER, None, (), None, pure=False)
-    self._depth += 1
     loops = self.walk_loops(own[AxisKind.REDUCE], reduceop.src[0], scope)
     if self.tiles:  # load the next trip's tiles (the first again after the last) now, store them after this trip's work
       sizes = [kernel.full_shape[axis] for axis in own[AxisKind.REDUCE]]
@@ -336,11 +334,10 @@ class Linearizer:
       store_tiles(self, upcoming, (trip + 1) % 2)
       self.uop(UOps.BARRIER, None, (), None, pure=False)
     for loop in reversed(loops): self.end(loop)
-    self._depth -= 1
     partials = [self.uop(UOps.LOAD, reduceop.dtype, (acc,), pure=False) for acc in accs]
     if own[AxisKind.GROUP]:
       last = reduceop is kernel.reduceops[-1] and all(other in outer.reduced for other in kernel.reduceops[:-1])
-      everyone = self._depth > 0 or not last or kernel.stores_rows
+      everyone = bool(self._open_loops) or not last or kernel.stores_rows
       partials = self.group_reduce(reduceop, partials, everyone)
     outer.reduced[reduceop] = (tuple(key_axes), dict(zip(keys, partials)))
 
@@ -379,7 +376,7 @@ class Linearizer:
       for lane, acc in enumerate(accs): self.accumulate(op, acc, read(first_slot + Variable("group_member", 0, group_count - 1), lane))
       self.end(loop)
       results = [self.uop(UOps.LOAD, reduceop.dtype, (acc,), pure=False) for acc in accs]
-    if self._depth > 0: self.uop(UOps.BARRIER, None, (), None, pure=False)  # the next trip of the loop around writes the partials again
+    if self._open_loops: self.uop(UOps.BARRIER, None, (), None, pure=False)  # the next trip of the loop around writes the partials again
     return results
 
   def define_local(self, dtype: DType, name: str, size: int) -> UOp:
