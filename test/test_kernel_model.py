@@ -3,15 +3,17 @@ three outputs, cross-entropy's row reduces inside a sum over rows, two reduces o
 every device, unoptimized, with the heuristic's Opts and with random legal Opts."""
 from __future__ import annotations
 import os, random
-from typing import Callable
+from typing import Callable, cast
 import numpy as np
 import pytest
 from tinyc.device import Buffer, Device
-from tinyc.dtype import dtypes
+from tinyc.dtype import DType, dtypes
 from tinyc.helpers import prod
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, ReduceOps, UnaryOps
 from tinyc.shape.shapetracker import ShapeTracker
-from tinyc.codegen.kernel import AxisKind, Kernel
+from tinyc.codegen.kernel import AxisKind, Kernel, KernelTarget
+from tinyc.codegen.linearizer import Linearizer
+from tinyc.codegen.uops import UOps
 from test_opt_fuzz import random_opts
 
 F32 = dtypes.float32
@@ -111,3 +113,17 @@ def test_axes_know_their_reduces():
   names = {number: reduceop.op for number, reduceop in enumerate(kernel.reduceops)}
   assert [sorted(names[n].name for n in owners) for owners in kernel.owners[2:]] == [["MAX", "SUM", "SUM"], ["SUM"]]
   assert kernel.n_outputs == 3 and kernel.stores_rows is False
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_local_memory_estimate_covers_what_the_code_defines(name):
+  """apply_opt refuses Opts whose local memory is over the device's: its estimate must cover every DEFINE_LOCAL the code makes
+  (a nested reduce split by a GROUP is computed in several loops, with as many results as the lanes its value depends on)."""
+  ast, _, _ = KERNELS[name]()
+  target, rng = KernelTarget(has_local=True), random.Random(name)
+  for _ in range(40):
+    kernel = Kernel(ast, target)
+    for opt in random_opts(ast, target, rng): kernel.apply_opt(opt)
+    kernel.limit_global_dims(3)
+    uops = Linearizer(kernel, threads=True).linearize()
+    defined = sum(uop.arg.size * cast(DType, uop.dtype).itemsize for uop in uops if uop.op is UOps.DEFINE_LOCAL)
+    assert defined <= kernel.local_memory_bytes, (kernel.applied_opts, defined, kernel.local_memory_bytes)

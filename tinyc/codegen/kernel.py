@@ -132,11 +132,27 @@ class Kernel:
   def stores_rows(self) -> bool:
     """Whether an output spans a reduce-side axis (softmax's row), so its store walks that axis again."""
     return any(self.spans(number, axis) for number in range(self.n_outputs) for axis in self.axes(*REDUCE_SIDE))
+  def value_axes(self, node: LazyOp, memo: dict[LazyOp, frozenset[int]] | None = None) -> frozenset[int]:
+    """The axes `node`'s value depends on: those its loads span, less those its reduces reduce."""
+    memo = {} if memo is None else memo
+    if node not in memo:
+      if node.op in (BufferOps.LOAD, BufferOps.CONST):
+        number = self.bufs.index(node.arg)
+        memo[node] = frozenset(axis for axis in range(self.shape_len) if self.spans(number, axis) and self.full_shape[axis] > 1)
+      elif node.op in ReduceOps:
+        reduce_number = self.reduceops.index(node)
+        memo[node] = frozenset(axis for axis in self.value_axes(node.src[0], memo) if reduce_number not in self.owners[axis])
+      else: memo[node] = frozenset().union(*[self.value_axes(src, memo) for src in node.src])
+    return memo[node]
+  def partial_lanes(self, reduceop: LazyOp) -> int:
+    """The most results a reduce has at once: one per lane its value depends on (each needs a partial result a thread in a GROUP)."""
+    return prod(self.full_shape[axis] for axis in self.value_axes(reduceop) if self.kinds[axis] in LANES)
   @property
   def local_memory_bytes(self) -> int:
-    """Local memory the group reduces need (one partial result per thread and output lane, for each reduce) and the two tiles
-    of each staged input."""
-    partials = sum(self.local_size * self.output_lanes * reduceop.dtype.itemsize for reduceop in self.reduceops) if self.axes(AxisKind.GROUP) else 0
+    """Local memory the group reduces need (a partial result per thread and result, for each reduce a GROUP splits) and the two
+    tiles of each staged input."""
+    grouped = {number for axis in self.axes(AxisKind.GROUP) for number in self.owners[axis]}
+    partials = sum(self.local_size * self.partial_lanes(self.reduceops[number]) * self.reduceops[number].dtype.itemsize for number in grouped)
     return partials + sum(2 * prod(self.full_shape[axis] for axis in self.tile_axes(number)) * self.bufs[number].dtype.itemsize
                           for number in self.staged)
 

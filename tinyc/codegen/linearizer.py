@@ -49,6 +49,7 @@ class Linearizer:
     self.globals: dict[int, UOp] = {}
     self.tiles: dict[MemBuffer | ConstBuffer, Tile] = {}
     self._value_axes: dict[LazyOp, frozenset[int]] = {}
+    self._partials: dict[LazyOp, UOp] = {}  # each group reduce's local memory
     self._locals_at = 0  # where the next DEFINE_LOCAL goes
     self._open_loops: list[UOp] = []  # the loops around the code being made
     self.index_dtype = dtypes.int32 if max(st.real_size() for st in kernel.sts) < 2**31 else dtypes.int64
@@ -260,19 +261,7 @@ class Linearizer:
     group_axes = self.kernel.axes(AxisKind.GROUP)
     return flatten_node([self.thread_idxs[axis] for axis in group_axes], [self.kernel.full_shape[axis] for axis in group_axes])
 
-  def value_axes(self, node: LazyOp) -> frozenset[int]:
-    """The axes `node`'s value depends on: those its loads span, less those its reduces reduce."""
-    if node not in self._value_axes:
-      kernel = self.kernel
-      if node.op in (BufferOps.LOAD, BufferOps.CONST):
-        number = kernel.bufs.index(node.arg)
-        axes = frozenset(axis for axis in range(kernel.shape_len) if kernel.spans(number, axis) and kernel.full_shape[axis] > 1)
-      elif node.op in ReduceOps:
-        reduce_number = kernel.reduceops.index(node)
-        axes = frozenset(axis for axis in self.value_axes(node.src[0]) if reduce_number not in kernel.owners[axis])
-      else: axes = frozenset().union(*[self.value_axes(src) for src in node.src])
-      self._value_axes[node] = axes
-    return self._value_axes[node]
+  def value_axes(self, node: LazyOp) -> frozenset[int]: return self.kernel.value_axes(node, self._value_axes)
 
   def hoist(self, node: LazyOp, scope: Scope) -> None:
     """Compute now the reduces in `node` (at any depth) whose value depends only on what `scope` has bound: each is computed
@@ -351,8 +340,9 @@ class Linearizer:
     local_axes, member = kernel.axes(AxisKind.LOCAL), self.group_member()
     group_count = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GROUP))
     first_slot = flatten_node([self.thread_idxs[axis] for axis in local_axes], [kernel.full_shape[axis] for axis in local_axes]) * group_count
-    name = "partials" + str(sum(uop.op is UOps.DEFINE_LOCAL for uop in self.uops) or "")  # one buffer a reduce: no barrier between
-    memory = self.define_local(reduceop.dtype, name, kernel.local_size * lanes)
+    if (memory := self._partials.get(reduceop)) is None:  # one buffer a reduce, however often it is computed: no barrier between reduces
+      name = "partials" + str(sum(uop.op is UOps.DEFINE_LOCAL for uop in self.uops) or "")
+      memory = self._partials[reduceop] = self.define_local(reduceop.dtype, name, kernel.local_size * kernel.partial_lanes(reduceop))
     def slot(index: Node, lane: int) -> UOp: return self.index(index * lanes + lane)
     def read(index: Node, lane: int) -> UOp:  # not pure: a value read before a barrier is stale after it
       return self.uop(UOps.LOAD, reduceop.dtype, (memory, slot(index, lane)), pure=False)
