@@ -38,6 +38,12 @@ def reduce(rng, t, a):
   if rng.random() < 0.5: return t.sum(axis, keepdim), a.sum(axis, keepdims=keepdim)
   return t.max(axis, keepdim), a.max(axis, keepdims=keepdim)
 
+def row_read(rng, t, a):
+  """A reduce read back along the axis it reduced (softmax's pattern): several reduces, and outputs that are rows, in one kernel."""
+  axis = rng.randrange(a.ndim)
+  if rng.random() < 0.5: return t - t.max(axis, keepdim=True), a - a.max(axis, keepdims=True)
+  return t * t.sum(axis, keepdim=True), a * a.sum(axis, keepdims=True)
+
 def movement(rng, t, a):
   choice = rng.randrange(6)
   if choice == 0:
@@ -75,7 +81,8 @@ def run_program(seed):
       same = [(u, b) for u, b in pool if b.shape == a.shape or b.ndim == 0]
       u, b = rng.choice(same)
       t, a = binary(rng, t, a, u, b)
-    elif kind < 0.7 and a.ndim > 0 and a.size > 0: t, a = reduce(rng, t, a)
+    elif kind < 0.6 and a.ndim > 0 and a.size > 0: t, a = reduce(rng, t, a)
+    elif kind < 0.7 and a.ndim > 0 and a.size > 0: t, a = row_read(rng, t, a)
     elif a.ndim > 0 and a.size > 0: t, a = movement(rng, t, a)
     pool.append((t, a))
   outputs = rng.sample(pool[2:], min(len(pool) - 2, 3))
