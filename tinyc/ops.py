@@ -18,8 +18,8 @@ class ReduceOps(Enum):
 class MovementOps(Enum):
   RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); STRIDE = auto()  # noqa: E702
 class BufferOps(Enum):
-  """The leaves and the root of a kernel's AST."""
-  LOAD = auto(); CONST = auto(); STORE = auto()  # noqa: E702
+  """The leaves and the root of a kernel's AST: SINK(STORE, ...) stores each of a kernel's outputs."""
+  LOAD = auto(); CONST = auto(); STORE = auto(); SINK = auto()  # noqa: E702
 class LoadOps(Enum):
   """Graph nodes that are not plain values: EMPTY allocates, CONST is a scalar, COPY moves data across devices, CONTIGUOUS
   stores srcs[0] in its own memory, ASSIGN stores srcs[0] into the buffer of srcs[1] (a realized base) in place."""
@@ -33,7 +33,7 @@ UNSAFE_PAD_OPS = {UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.RECIP, BinaryOps.DIV, B
 
 @dataclass(frozen=True)
 class MemBuffer:
-  """Buffer number `idx` of a kernel (0 is the output), read or written through `st`."""
+  """Buffer number `idx` of a kernel (the outputs first, then the inputs), read or written through `st`."""
   idx: int
   dtype: DType
   st: ShapeTracker
@@ -80,7 +80,12 @@ class LazyOp:
 
 @dataclass(frozen=True)
 class ScheduleItem:
-  """One kernel to run (or one LoadOp to perform): its AST, the buffer it writes and the buffers it reads."""
+  """One kernel to run (or one LoadOp to perform): its AST, the buffers it writes (the SINK's STOREs in order; a LoadOp has one)
+  and the buffers it reads. Its program is called with the outputs' buffers, then the inputs'."""
   ast: LazyOp
-  out: Any      # LazyBuffer (typed loosely: lazy.py sits above this layer)
+  outs: tuple[Any, ...]    # LazyBuffers (typed loosely: lazy.py sits above this layer)
   inputs: tuple[Any, ...]
+
+def output_count(ast: LazyOp) -> int:
+  """How many buffers a kernel's AST (or a LoadOp) writes: its SINK's STOREs."""
+  return len(ast.src) if ast.op is BufferOps.SINK else 1

@@ -45,7 +45,7 @@ class Scheduler:
       if isinstance(base.op, LoadOps) and base.op is not LoadOps.CONST: self.realizes.add(base)
       if isinstance(base.op, ReduceOps) and self.consumers[base] > 1: self.realizes.add(base)
     for target in targets: self.schedule(target)
-    if any(item.out.op is LoadOps.ASSIGN for item in self.items): self.items = _order_assigns(self.items)
+    if any(out.op is LoadOps.ASSIGN for item in self.items for out in item.outs): self.items = _order_assigns(self.items)
 
   def _count_consumers(self, targets: list[LazyBuffer]) -> None:
     stack, seen = list(targets), set(targets)
@@ -64,18 +64,18 @@ class Scheduler:
     if base in self.scheduled or base.realized is not None: return
     self.scheduled.add(base)
     if prod(base.shape) == 0:  # nothing to compute, and nothing it reads is needed
-      self.items.append(ScheduleItem(LazyOp(LoadOps.EMPTY), base, ()))
+      self.items.append(ScheduleItem(LazyOp(LoadOps.EMPTY), (base,), ()))
       return
     if base.op in (LoadOps.EMPTY, LoadOps.COPY):
       srcs = tuple(src.base for src in base.srcs)
       for src in srcs: self.schedule(src)
-      self.items.append(ScheduleItem(LazyOp(base.op), base, srcs))
+      self.items.append(ScheduleItem(LazyOp(base.op), (base,), srcs))
       return
     kernel = KernelBuilder(self, base)
     if base.op is LoadOps.ASSIGN and kernel.reads_target_through_another_view():
       self.realizes.add(base.srcs[0].base)
       kernel = KernelBuilder(self, base)
-    self.items.append(ScheduleItem(kernel.ast, base, tuple(kernel.inputs)))
+    self.items.append(ScheduleItem(kernel.ast, (base,), tuple(kernel.inputs)))
 
 class KernelBuilder:
   """Builds the AST of the kernel that stores `root`, inlining every value the rules allow and loading the rest."""
@@ -90,13 +90,13 @@ class KernelBuilder:
     if self.reduce_shape is not None and self.reduce_shape != root.shape:
       # the epilogue was built in the root's shape; the kernel runs in the reduce's (same size, 1 in each reduced axis)
       value, st = self._reshape_epilogue(value, self.reduce_shape), st.reshape(self.reduce_shape)
-    self.ast = LazyOp(BufferOps.STORE, (value,), MemBuffer(0, root.dtype, st))
+    self.ast = LazyOp(BufferOps.SINK, (LazyOp(BufferOps.STORE, (value,), MemBuffer(0, root.dtype, st)),))
 
   def reads_target_through_another_view(self) -> bool:
     """Whether this ASSIGN kernel loads the buffer it overwrites at other indices than the one it stores to."""
     target = self.root.srcs[1]
     if target not in self.inputs: return False
-    number, store_st = self.inputs.index(target) + 1, self.ast.arg.st
+    number, store_st = self.inputs.index(target) + 1, self.ast.src[0].arg.st
     return any(node.op is BufferOps.LOAD and node.arg.idx == number and node.arg.st != store_st for node in self.ast.walk())
 
   def _load(self, base: LazyBuffer, st: ShapeTracker) -> LazyOp:
@@ -150,12 +150,11 @@ class KernelBuilder:
 
 def _order_assigns(items: list[ScheduleItem]) -> list[ScheduleItem]:
   """Reorder so each item runs after the items it reads and each ASSIGN after every item that reads the old value."""
-  producer = {item.out: index for index, item in enumerate(items)}
+  producer = {out: index for index, item in enumerate(items) for out in item.outs}
   after: list[set[int]] = [{producer[src] for src in item.inputs if src in producer} for item in items]
   for index, item in enumerate(items):
-    if item.out.op is not LoadOps.ASSIGN: continue
-    target = item.out.srcs[1]
-    after[index].update(other for other, reader in enumerate(items) if other != index and target in reader.inputs)
+    for target in (out.srcs[1] for out in item.outs if out.op is LoadOps.ASSIGN):
+      after[index].update(other for other, reader in enumerate(items) if other != index and target in reader.inputs)
   waiting = [len(deps) for deps in after]
   users: list[list[int]] = [[] for _ in items]
   for index, deps in enumerate(after):
