@@ -236,3 +236,11 @@ def test_a_row_reduce_and_a_plain_reduce_never_share_a_kernel():
   out = tx.max(1, keepdim=True) + ty.sum(2)
   assert kernels_for(out) == 2
   np.testing.assert_allclose(out.numpy(), x.max(1, keepdims=True) + y.sum(2), rtol=1e-5, atol=1e-5)
+
+def test_debug_3_prints_each_decision_and_its_reason(capsys):
+  (a, b), (ta, tb) = realized_inputs((8, 16), (8, 16))
+  with Context(DEBUG=3): create_schedule([(ta.softmax(-1) + tb.sum(0)).lazydata])
+  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("schedule:")]
+  assert any("reads MAX (8, 1): ROW_REDUCE, as rule 7" in line for line in lines), lines
+  assert any("reads SUM (1, 16): REALIZE, as rule 3: a reduce is computed once, and the kernel already has a reduce" in line for line in lines), lines
+  assert any("reads EXP2 (8, 16): INLINE, as rule 1" in line for line in lines), lines

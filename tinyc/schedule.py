@@ -2,6 +2,8 @@
 Imports helpers, dtype, ops, shape/, lazy.
 
 A kernel is: elementwise prologue (any views of any inputs) -> at most one reduce -> elementwise epilogue -> one store.
+Each base a kernel reaches gets a Decision from one pure function, `decide` (LOAD, REALIZE, CONST, INLINE, REDUCE, ROW_REDUCE,
+EMPTY_REDUCE), with its reason, a sentence naming the rule (DEBUG>=3 prints each); the KernelBuilder only follows decisions.
 The rules, each held by a test that counts kernels:
   1. Elementwise ops fuse into whoever reads them, through any view (a movement op is a view, never a kernel).
   2. Recompute, don't materialize, an elementwise value read by several kernels: re-reading its inputs costs what reading a
@@ -20,8 +22,10 @@ The rules, each held by a test that counts kernels:
 """
 from __future__ import annotations
 import heapq, sys
+from enum import Enum, auto
+from typing import NamedTuple
 from tinyc.dtype import dtypes
-from tinyc.helpers import prod
+from tinyc.helpers import DEBUG, prod
 from tinyc.ops import (BufferOps, ConstBuffer, ElementwiseOps, LazyOp, LoadOps, MemBuffer, ReduceOps, ScheduleItem, UNSAFE_PAD_OPS)
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.lazy import LazyBuffer
@@ -31,6 +35,8 @@ sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))  # graphs are walked 
 def _is_plain_reshape(st: ShapeTracker) -> bool: return len(st.views) == 1 and st.views[0].contiguous
 def _has_mask(st: ShapeTracker) -> bool: return any(view.mask is not None for view in st.views)
 def _has_expand(st: ShapeTracker) -> bool: return any(stride == 0 and size > 1 for view in st.views for stride, size in zip(view.strides, view.shape))
+
+def _describe(base: LazyBuffer) -> str: return f"{'realized' if base.realized is not None else getattr(base.op, 'name', base.op)} {base.shape}"
 
 class Scheduler:
   def __init__(self, outs: list[LazyBuffer]) -> None:
@@ -77,13 +83,81 @@ class Scheduler:
       kernel = KernelBuilder(self, base)
     self.items.append(ScheduleItem(kernel.ast, (base,), tuple(kernel.inputs)))
 
+class Fusion(Enum):
+  """What a kernel does with a base it reaches."""
+  LOAD = auto()          # read it from memory: it is realized, or stored by a kernel of its own
+  REALIZE = auto()       # store it in a kernel of its own first, then read it from memory
+  CONST = auto()         # a scalar broadcast: no memory at all
+  INLINE = auto()        # compute it here (an elementwise op)
+  REDUCE = auto()        # compute it here as the kernel's reduce: the store follows it
+  ROW_REDUCE = auto()    # compute it here and read it back along the axes it reduced (rule 7)
+  EMPTY_REDUCE = auto()  # a reduce of nothing: the reduce's identity, a constant
+
+class Decision(NamedTuple):
+  fusion: Fusion
+  reason: str  # a sentence naming the rule
+
+class Site(NamedTuple):
+  """Where the kernel being built reaches a base: the view it reads it through and what lies between it and the store."""
+  root: LazyBuffer                        # the base the kernel stores
+  st: ShapeTracker                        # the view through which the base is read
+  shared: bool                            # a base between here and the root has several consumers
+  in_reduce: bool                         # the base is read inside a reduce's input
+  reduce_shape: tuple[int, ...] | None    # the output shape of the kernel's reduce, once it has one
+  row_axes: tuple[int, ...] | None        # the axes the kernel's row reduces reduce, once it has one
+
+def decide(base: LazyBuffer, site: Site, consumers: int, realize: bool) -> Decision:
+  """What the kernel at `site` does with `base`, and why: a pure function of the base, the site, how many bases read it
+  (`consumers`) and whether the graph-level rules (rules 3 and 5) already store it (`realize`)."""
+  if base is site.root:
+    if base.op is LoadOps.CONST: return Decision(Fusion.CONST, "the kernel stores a constant")
+  else:
+    if base.realized is not None: return Decision(Fusion.LOAD, "it is realized")
+    if realize: return Decision(Fusion.LOAD, "it is stored by a kernel of its own (an output, a load op, or a reduce several kernels read)")
+    if base.op is LoadOps.CONST: return Decision(Fusion.CONST, "a constant needs no memory")
+    if isinstance(base.op, ReduceOps):
+      if (why := _why_not_fused(site)) is None: return _reduce(base, Fusion.REDUCE, "rule 3: the kernel's one reduce, read through a plain reshape")
+      if _is_row_read(base, site): return _reduce(base, Fusion.ROW_REDUCE, "rule 7: a reduce read back along the axes it reduced, by a kernel "
+                                                  "that stores its input's shape: computed in the row kernel before the row's store")
+      if prod(base.srcs[0].shape): return Decision(Fusion.REALIZE, f"rule 3: a reduce is computed once, and {why}")
+    if base.op in UNSAFE_PAD_OPS and _has_mask(site.st):
+      return Decision(Fusion.REALIZE, f"rule 4: it is seen through a pad and f(0) != 0 for {base.op.name}")
+    if site.in_reduce and consumers > 1 and _has_expand(site.st):
+      return Decision(Fusion.REALIZE, "rule 2: several kernels read it and a reduce reads it through an expand, which would recompute it "
+                                      "once per broadcast element")
+  if isinstance(base.op, ReduceOps):
+    return _reduce(base, Fusion.REDUCE, "rule 5: the kernel stores this reduce") if base is site.root else _reduce(base, Fusion.ROW_REDUCE, "")
+  assert isinstance(base.op, ElementwiseOps), f"cannot inline {base.op} into a kernel"
+  return Decision(Fusion.INLINE, "rule 1: an elementwise op fuses into its reader" + (", and rule 2: recomputed rather than stored"
+                                                                                        if consumers > 1 else ""))
+
+def _reduce(base: LazyBuffer, fusion: Fusion, reason: str) -> Decision:
+  if prod(base.srcs[0].shape) == 0: return Decision(Fusion.EMPTY_REDUCE, "a reduce of nothing is its identity, a constant")
+  return Decision(fusion, reason)
+
+def _why_not_fused(site: Site) -> str | None:
+  """Why a reduce reached at `site` cannot be the kernel's one reduce (rule 3), or None if it can."""
+  if site.shared: return "several kernels read a value between it and the store"
+  if site.in_reduce: return "its reader is a reduce"
+  if site.reduce_shape is not None or site.row_axes is not None: return "the kernel already has a reduce"
+  if not _is_plain_reshape(site.st): return "it is read through a view other than a plain reshape"
+  return None
+
+def _is_row_read(base: LazyBuffer, site: Site) -> bool:
+  """Rule 7: the reduce is read exactly through an expand of its result, by a kernel that stores its input's shape and has no other
+  reduce but row reduces over the same axes."""
+  in_shape = base.srcs[0].shape
+  if site.st.shape != in_shape or site.root.shape != in_shape or site.reduce_shape is not None or site.row_axes not in (None, base.arg): return False
+  return site.st.views == ShapeTracker.from_shape(base.shape).expand(in_shape).views
+
 class KernelBuilder:
-  """Builds the AST of the kernel that stores `root`, inlining every value the rules allow and loading the rest."""
+  """Builds the AST of the kernel that stores `root` by following the decision for each base it reaches."""
   def __init__(self, scheduler: Scheduler, root: LazyBuffer) -> None:
     self.scheduler, self.root = scheduler, root
     self.inputs: list[LazyBuffer] = []
     self.reduce_shape: tuple[int, ...] | None = None
     self.row_axes: tuple[int, ...] | None = None  # the axes the kernel's row reduces reduce
+    self.explained: set[LazyBuffer] = set()  # bases whose decision DEBUG=3 printed
     value_src = root.srcs[0] if root.op in (LoadOps.CONTIGUOUS, LoadOps.ASSIGN) else root
     st = ShapeTracker.from_shape(root.shape)
     value = self.build(value_src.base, value_src.st if value_src is not root else st, shared=False, in_reduce=False)
@@ -105,41 +179,27 @@ class KernelBuilder:
     return LazyOp(BufferOps.LOAD, (), MemBuffer(self.inputs.index(base) + 1, base.dtype, st))
 
   def build(self, base: LazyBuffer, st: ShapeTracker, shared: bool, in_reduce: bool) -> LazyOp:
-    """The AST of `base`'s value seen through `st`. `shared`: a base between here and the root has several consumers."""
+    """The AST of `base`'s value seen through `st`."""
     scheduler = self.scheduler
-    row_reduce = False
-    if base is not self.root:
-      if base.realized is not None or base in scheduler.realizes: return self._load(base, st)
-      if base.op is LoadOps.CONST: return LazyOp(BufferOps.CONST, (), ConstBuffer(base.arg, base.dtype, st))
-      fusable_reduce = not (shared or in_reduce or self.reduce_shape is not None or self.row_axes is not None or not _is_plain_reshape(st))
-      row_reduce = isinstance(base.op, ReduceOps) and not fusable_reduce and self._is_row_reduce(base, st)
-      if isinstance(base.op, ReduceOps) and not (fusable_reduce or row_reduce) and prod(base.srcs[0].shape): return self._realize(base, st)
-      if base.op in UNSAFE_PAD_OPS and _has_mask(st): return self._realize(base, st)
-      if in_reduce and scheduler.consumers.get(base, 0) > 1 and _has_expand(st): return self._realize(base, st)
-    elif base.op is LoadOps.CONST: return LazyOp(BufferOps.CONST, (), ConstBuffer(base.arg, base.dtype, st))
-    shared = shared or (base is not self.root and scheduler.consumers.get(base, 0) > 1)
-    if isinstance(base.op, ReduceOps) and prod(base.srcs[0].shape) == 0:  # reducing nothing gives the reduce's identity
+    consumers = scheduler.consumers.get(base, 0)
+    decision = decide(base, Site(self.root, st, shared, in_reduce, self.reduce_shape, self.row_axes), consumers, base in scheduler.realizes)
+    if DEBUG >= 3 and base not in self.explained and decision.reason:
+      self.explained.add(base)
+      print(f"schedule: the kernel storing {_describe(self.root)} reads {_describe(base)}: {decision.fusion.name}, as {decision.reason}")
+    fusion = decision.fusion
+    if fusion is Fusion.REALIZE: scheduler.realizes.add(base)
+    if fusion in (Fusion.LOAD, Fusion.REALIZE): return self._load(base, st)
+    if fusion is Fusion.CONST: return LazyOp(BufferOps.CONST, (), ConstBuffer(base.arg, base.dtype, st))
+    if fusion is Fusion.EMPTY_REDUCE:
       return LazyOp(BufferOps.CONST, (), ConstBuffer(0 if base.op is ReduceOps.SUM else dtypes.min(base.dtype), base.dtype, st))
-    if isinstance(base.op, ReduceOps):
-      if not row_reduce: self.reduce_shape = base.shape
+    shared = shared or (base is not self.root and consumers > 1)
+    if fusion is Fusion.REDUCE: self.reduce_shape = base.shape
+    if fusion is Fusion.ROW_REDUCE: self.row_axes = base.arg
+    assert base.op is not None, f"{base} is realized, so it is loaded"
+    if fusion in (Fusion.REDUCE, Fusion.ROW_REDUCE):
       src = base.srcs[0]
       return LazyOp(base.op, (self.build(src.base, src.st, shared, in_reduce=True),), base.arg)
-    assert isinstance(base.op, ElementwiseOps), f"cannot inline {base.op} into a kernel"
     return LazyOp(base.op, tuple(self.build(src.base, src.st + st, shared, in_reduce) for src in base.srcs), base.arg)
-
-  def _is_row_reduce(self, base: LazyBuffer, st: ShapeTracker) -> bool:
-    """Whether a reduce read back along its reduced axes by a kernel that stores its input's shape is computed in that kernel
-    (rule 7): exactly an expand of its result, the same reduced axes as the kernel's other row reduces, no other reduce. If so,
-    records its axes as the kernel's row axes."""
-    in_shape = base.srcs[0].shape
-    if st.shape != in_shape or self.root.shape != in_shape or self.reduce_shape is not None or self.row_axes not in (None, base.arg): return False
-    if st.views != ShapeTracker.from_shape(base.shape).expand(in_shape).views: return False
-    self.row_axes = base.arg
-    return True
-
-  def _realize(self, base: LazyBuffer, st: ShapeTracker) -> LazyOp:
-    self.scheduler.realizes.add(base)
-    return self._load(base, st)
 
   def _reshape_epilogue(self, node: LazyOp, shape: tuple[int, ...]) -> LazyOp:
     if node.op in ReduceOps: return node
