@@ -73,10 +73,13 @@ class LazyOp:
       order[node] = None
     visit(self)
     return list(order)
-  def map_buffers(self, fn: Any) -> LazyOp:
-    """A copy of the tree with each LOAD/CONST/STORE arg replaced by fn(arg)."""
-    if self.op in BufferOps: return LazyOp(self.op, tuple(s.map_buffers(fn) for s in self.src), fn(self.arg))
-    return LazyOp(self.op, tuple(s.map_buffers(fn) for s in self.src), self.arg)
+  def map_buffers(self, fn: Any, done: dict[LazyOp, LazyOp] | None = None) -> LazyOp:
+    """A copy of the tree with each LOAD/CONST/STORE arg replaced by fn(arg) (each shared subtree mapped once)."""
+    done = {} if done is None else done
+    if (mapped := done.get(self)) is None:
+      srcs = tuple(s.map_buffers(fn, done) for s in self.src)
+      done[self] = mapped = LazyOp(self.op, srcs, fn(self.arg) if self.op in BufferOps else self.arg)
+    return mapped
 
 @dataclass(frozen=True)
 class ScheduleItem:

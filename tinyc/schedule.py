@@ -83,18 +83,21 @@ class KernelBuilder:
     self.frame: Frame | None = None  # the loops of the kernel's reduces
     self.row_axes: tuple[int, ...] | None = None  # the axes the kernel's row reduces reduce
     self.cycles: set[LazyBuffer] = set()  # bases it would store that one of its inputs reads
-    self.explained: set[LazyBuffer] = set()  # bases whose decision DEBUG=3 printed
+    self.built: dict[tuple, LazyOp] = {}  # a base reached again the same way is the same value
+    self.explained: set[LazyBuffer] | None = set() if DEBUG >= 3 else None  # bases whose decision DEBUG=3 printed
     value_src = root.srcs[0] if root.op in (LoadOps.CONTIGUOUS, LoadOps.ASSIGN) else root
     st = ShapeTracker.from_shape(root.shape)
     value = self.build(value_src.base, value_src.st if value_src is not root else st, shared=False, enclosing=None)
     stores = [(root, value, st)] + [(base, value, view) for base, (value, view) in self.also.items()]
     if self.frame is not None and (reduce_shape := tuple(1 if a in self.frame.axes else s for a, s in enumerate(self.frame.shape))) != root.shape:
       # the epilogue was built in the root's shape; the kernel runs in the reduce's (same size, 1 in each reduced axis)
-      stores = [(base, _reshape_epilogue(value, reduce_shape), view.reshape(reduce_shape)) for base, value, view in stores]
+      reshaped: dict[LazyOp, LazyOp] = {}
+      stores = [(base, _reshape_epilogue(value, reduce_shape, reshaped), view.reshape(reduce_shape)) for base, value, view in stores]
     self.outs = [base for base, _, _ in stores]
     def number(buf: MemBuffer | None) -> MemBuffer | None:  # inputs were numbered from 0 as they came: they follow the outputs
       return MemBuffer(buf.idx + len(stores), buf.dtype, buf.st) if isinstance(buf, MemBuffer) else buf
-    self.ast = LazyOp(BufferOps.SINK, tuple(LazyOp(BufferOps.STORE, (value.map_buffers(number),), MemBuffer(index, base.dtype, view))
+    numbered: dict[LazyOp, LazyOp] = {}
+    self.ast = LazyOp(BufferOps.SINK, tuple(LazyOp(BufferOps.STORE, (value.map_buffers(number, numbered),), MemBuffer(index, base.dtype, view))
                                             for index, (base, value, view) in enumerate(stores)))
 
   def reads_through_another_view(self, out: LazyBuffer) -> bool:
@@ -118,6 +121,11 @@ class KernelBuilder:
 
   def build(self, base: LazyBuffer, st: ShapeTracker, shared: bool, enclosing: tuple[int, ...] | None) -> LazyOp:
     """The AST of `base`'s value seen through `st`; `enclosing`: the axes of the innermost reduce whose input this is."""
+    key = (base, st, shared, enclosing, self.frame, self.row_axes)
+    if (built := self.built.get(key)) is None: self.built[key] = built = self._build(base, st, shared, enclosing)
+    return built
+
+  def _build(self, base: LazyBuffer, st: ShapeTracker, shared: bool, enclosing: tuple[int, ...] | None) -> LazyOp:
     scheduler = self.scheduler
     consumers = scheduler.consumers.get(base, 0)
     stored = base in scheduler.scheduled or base in scheduler.no_store or scheduler.storing.get(base, self) is not self
@@ -144,24 +152,34 @@ class KernelBuilder:
     return value
 
   def _explain(self, base: LazyBuffer, decision: Decision) -> None:
-    if DEBUG >= 3 and base not in self.explained and decision.reason:
+    if self.explained is not None and base not in self.explained and decision.reason:
       self.explained.add(base)
       print(f"schedule: the kernel storing {_describe(self.root)} reads {_describe(base)}: {decision.fusion.name}, as {decision.reason}")
 
-def _reshape_epilogue(node: LazyOp, shape: tuple[int, ...]) -> LazyOp:
+def _reshape_epilogue(node: LazyOp, shape: tuple[int, ...], done: dict[LazyOp, LazyOp] | None = None) -> LazyOp:
+  """The epilogue (what lies outside every reduce) with its trackers reshaped to `shape`; each shared subtree once."""
+  done = {} if done is None else done
   if node.op in ReduceOps: return node
-  if node.op in (BufferOps.LOAD, BufferOps.CONST):
-    buf = node.arg
-    return LazyOp(node.op, (), type(buf)(buf.idx if isinstance(buf, MemBuffer) else buf.val, buf.dtype, buf.st.reshape(shape)))
-  return LazyOp(node.op, tuple(_reshape_epilogue(src, shape) for src in node.src), node.arg)
+  if (reshaped := done.get(node)) is None:
+    if node.op in (BufferOps.LOAD, BufferOps.CONST):
+      buf = node.arg
+      reshaped = LazyOp(node.op, (), type(buf)(buf.idx if isinstance(buf, MemBuffer) else buf.val, buf.dtype, buf.st.reshape(shape)))
+    else: reshaped = LazyOp(node.op, tuple(_reshape_epilogue(src, shape, done) for src in node.src), node.arg)
+    done[node] = reshaped
+  return reshaped
 
-def _order_assigns(items: list[ScheduleItem]) -> list[ScheduleItem]:
-  """Reorder so each item runs after the items it reads and each ASSIGN after every item that reads the old value."""
+def _dependencies(items: list[ScheduleItem]) -> list[set[int]]:
+  """For each item, the items that must run before it: those it reads, and for an ASSIGN every other item that reads the old value."""
   producer = {out: index for index, item in enumerate(items) for out in item.outs}
   after: list[set[int]] = [{producer[src] for src in item.inputs if src in producer} for item in items]
   for index, item in enumerate(items):
     for target in (out.srcs[1] for out in item.outs if out.op is LoadOps.ASSIGN):
       after[index].update(other for other, reader in enumerate(items) if other != index and target in reader.inputs)
+  return after
+
+def _ordered(items: list[ScheduleItem]) -> list[ScheduleItem]:
+  """Reorder so each item runs after the items it must (_dependencies), otherwise keeping the order."""
+  after = _dependencies(items)
   waiting = [len(deps) for deps in after]
   users: list[list[int]] = [[] for _ in items]
   for index, deps in enumerate(after):
@@ -179,6 +197,74 @@ def _order_assigns(items: list[ScheduleItem]) -> list[ScheduleItem]:
     raise RuntimeError("assign: the new value of a tensor is needed to compute something that also reads its old value; realize() one of them first")
   return order
 
+def _merge_siblings(items: list[ScheduleItem]) -> list[ScheduleItem]:
+  """Rule 9: kernels with the same loops that read a common input at least as large as their outputs, neither running before the
+  other, become one kernel with the stores of both (that input is then read once). Not contractions: a matmul's tile is chosen
+  for one accumulator set."""
+  after = _dependencies(items)
+  ancestors: list[int | None] = [None] * len(items)  # bitsets of the items each must run after, transitively
+  def ancestors_of(index: int) -> int:
+    if (known := ancestors[index]) is None:
+      known = 0
+      for dep in after[index]: known |= (1 << dep) | ancestors_of(dep)
+      ancestors[index] = known
+    return known
+  members: dict[int, list[int]] = {}
+  for group in _sibling_groups(items).values():
+    clusters: list[int] = []
+    for index in group:
+      for first in clusters:
+        bits = sum(1 << member for member in members[first])
+        if ancestors_of(first) >> index & 1 or ancestors_of(index) & bits or not _share_input(items[first], items[index]): continue
+        members[first].append(index)
+        merged = ancestors_of(first) | ancestors_of(index)
+        for other in range(len(items)):  # whatever ran after either now runs after the merged kernel and all it runs after
+          if ancestors_of(other) & (bits | 1 << index): ancestors[other] = ancestors_of(other) | merged | bits | 1 << index
+        ancestors[first] = ancestors[index] = merged
+        break
+      else:
+        clusters.append(index)
+        members[index] = [index]
+  if all(len(group) == 1 for group in members.values()): return items
+  merged_away = {index for group in members.values() for index in group[1:]}
+  return _ordered([_merged([items[m] for m in members[i]]) if i in members else item for i, item in enumerate(items) if i not in merged_away])
+
+def _sibling_groups(items: list[ScheduleItem]) -> dict[tuple, list[int]]:
+  """Kernel items by their loops: device, the shapes they store, and the frame of their reduces (contractions left out)."""
+  groups: dict[tuple, list[int]] = {}
+  for index, item in enumerate(items):
+    if item.ast.op is not BufferOps.SINK: continue
+    reduces = _top_reduces(item.ast)
+    frames = {(_full_shape(reduce), reduce.arg) for reduce in reduces}
+    if len(frames) > 1 or any(_is_contraction(reduce) for reduce in reduces): continue
+    groups.setdefault((item.outs[0].device, tuple(store.arg.st.shape for store in item.ast.src), tuple(frames)), []).append(index)
+  return groups
+
+def _share_input(first: ScheduleItem, second: ScheduleItem) -> bool:
+  size = prod(first.ast.src[0].arg.st.shape)
+  return any(prod(src.shape) >= size and src in second.inputs for src in first.inputs)
+
+def _top_reduces(node: LazyOp) -> list[LazyOp]:
+  return [node] if node.op in ReduceOps else [reduce for src in node.src for reduce in _top_reduces(src)]
+
+def _full_shape(node: LazyOp) -> tuple[int, ...]:
+  return tuple(max(sizes) for sizes in zip(*[leaf.arg.st.shape for leaf in node.walk() if leaf.op in (BufferOps.LOAD, BufferOps.CONST)]))
+
+def _is_contraction(reduce: LazyOp) -> bool:
+  """A reduce none of whose loads reads values without repeating them: every input is broadcast (a matmul)."""
+  loads = [leaf.arg.st for leaf in reduce.walk() if leaf.op is BufferOps.LOAD]
+  return bool(loads) and all(any(stride == 0 and size > 1 for view in st.views for stride, size in zip(view.strides, view.shape)) for st in loads)
+
+def _merged(items: list[ScheduleItem]) -> ScheduleItem:
+  """One kernel storing what `items` store, its buffers numbered anew: the outputs in order, then every distinct input."""
+  outs = tuple(out for item in items for out in item.outs)
+  inputs = tuple(dict.fromkeys(src for item in items for src in item.inputs))
+  stores: list[LazyOp] = []
+  for item in items:
+    numbers = [outs.index(out) for out in item.outs] + [len(outs) + inputs.index(src) for src in item.inputs]
+    stores += item.ast.map_buffers(lambda buf: MemBuffer(numbers[buf.idx], buf.dtype, buf.st) if isinstance(buf, MemBuffer) else buf).src
+  return ScheduleItem(LazyOp(BufferOps.SINK, tuple(stores)), outs, inputs)
+
 def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   """The kernels that compute `outs`, in an order where each runs after the kernels it reads."""
   targets = [out.base for out in outs if out.base.realized is None]
@@ -187,8 +273,8 @@ def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   no_store: set[LazyBuffer] = set()
   targets.sort(key=lambda target: consumers[target] > 0)  # readers first: a target read by another is stored by its reader (rule 8)
   while (scheduler := Scheduler(targets, consumers, realizes, no_store)).stale: pass
-  items = scheduler.items
-  if any(out.op is LoadOps.ASSIGN for item in items for out in item.outs): items = _order_assigns(items)
+  items = _merge_siblings(scheduler.items)
+  if any(out.op is LoadOps.ASSIGN for item in items for out in item.outs): items = _ordered(items)
   return items
 
 def _count_consumers(targets: list[LazyBuffer]) -> dict[LazyBuffer, int]:
