@@ -4,6 +4,7 @@ use it to check the values of fused kernels independently of the code generator.
 from __future__ import annotations
 from typing import Any
 import numpy as np
+from tinyc import realize
 from tinyc.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, UnaryOps
 from tinyc.shape.shapetracker import ShapeTracker, index_variables
 from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, NumNode, SumNode, Variable
@@ -24,6 +25,8 @@ def _indices(st: ShapeTracker) -> tuple[np.ndarray, np.ndarray]:
   index, valid = st.expr_idxs()
   index_values, valid_values = np.asarray(index.render(_INDEX_OPS, grid)), np.asarray(valid.render(_INDEX_OPS, grid)).astype(bool)
   return np.broadcast_to(index_values, st.shape), np.broadcast_to(valid_values, st.shape)
+
+_compiled_compute = realize._compute
 
 _ALU: dict[Any, Any] = {
   UnaryOps.NEG: np.negative, UnaryOps.EXP2: np.exp2, UnaryOps.LOG2: np.log2, UnaryOps.SIN: np.sin, UnaryOps.SQRT: np.sqrt,
@@ -57,3 +60,10 @@ def run(ast: LazyOp, buffers: list[Any]) -> None:
     index, valid = _indices(store.arg.st)
     arrays[store.arg.idx][index[valid]] = np.broadcast_to(value, store.arg.st.shape)[valid]
   for buffer, array in zip(buffers[:outputs], arrays): buffer.copyin(array)
+
+def compute(item: Any) -> list[Any]:
+  """A stand-in for tinyc.realize._compute: kernels are evaluated here (recorded like a program, so TinyJit replays them too)."""
+  if item.ast.op is not BufferOps.SINK: return _compiled_compute(item)
+  buffers = [realize._output_buffer(out) for out in item.outs]
+  realize._run(lambda all_buffers, ast=item.ast: run(ast, all_buffers), buffers + [src.realized for src in item.inputs])
+  return buffers

@@ -130,11 +130,11 @@ def _reduce(base: LazyBuffer, fusion: Fusion, reason: str) -> Decision:
   return Decision(fusion, reason)
 
 def _is_row_read(base: LazyBuffer, site: Site) -> bool:
-  """Rule 7: read exactly through an expand of its result, by a kernel that stores its input's shape and has no reduce but row
-  reduces over the same axes."""
+  """Rule 7: read exactly through an expand of its result (along some of the axes it reduced), by a kernel that stores its input's
+  shape and has no reduce but row reduces over the same axes; and more than one row."""
   in_shape = base.srcs[0].shape
-  if site.st.shape != in_shape or site.root.shape != in_shape or site.frame is not None or site.row_axes not in (None, base.arg): return False
-  return _is_expand_of(base.shape, site.st)
+  if site.root.shape != in_shape or site.frame is not None or site.row_axes not in (None, base.arg) or prod(base.shape) == 1: return False
+  return all(size in (out, full) for size, out, full in zip(site.st.shape, base.shape, in_shape)) and _is_expand_of(base.shape, site.st)
 
 def _is_expand_of(shape: tuple[int, ...], st: ShapeTracker) -> bool:
   """Whether `st` is exactly a contiguous buffer of `shape` expanded along its size-1 dims."""

@@ -145,6 +145,7 @@ class KernelBuilder:
     if fusion is Fusion.REDUCE: self.frame = Frame(base.srcs[0].shape, base.arg)
     if fusion is Fusion.ROW_REDUCE: self.row_axes = base.arg
     assert base.op is not None, f"{base} is realized, so it is loaded"
+    if decision.store is not None: st = decision.store  # computed once per element it stores, whatever view reads it
     if base.op in (LoadOps.ASSIGN, LoadOps.CONTIGUOUS): value = self.build(base.srcs[0].base, base.srcs[0].st + st, shared, enclosing)
     elif isinstance(base.op, ReduceOps): value = LazyOp(base.op, (self.build(base.srcs[0].base, base.srcs[0].st, shared, base.arg),), base.arg)
     else: value = LazyOp(base.op, tuple(self.build(src.base, src.st + st, shared, enclosing) for src in base.srcs), base.arg)
