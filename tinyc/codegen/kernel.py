@@ -65,8 +65,8 @@ GPU_MAX_UPCAST = 1024
 class Kernel:
   def __init__(self, ast: LazyOp, target: KernelTarget = CPU_TARGET) -> None:
     if ast.op is BufferOps.SINK and len(ast.src) == 1: ast = ast.src[0]  # TEMPORARY SHIM (sched branch)
-    assert not any(node.op in ReduceOps and any(inner.op in ReduceOps and inner.arg != node.arg for inner in node.src[0].walk()) for node in ast.walk()), \
-      "TEMPORARY SHIM (sched branch): this kernel cannot nest a reduce over other axes"
+    nests = any(inner.op in ReduceOps and inner.arg != node.arg for node in ast.walk() if node.op in ReduceOps for inner in node.src[0].walk())
+    assert not nests, "TEMPORARY SHIM (sched branch): this kernel cannot nest a reduce over other axes"
     assert ast.op is BufferOps.STORE, f"a kernel's AST must end in a STORE, not {ast.op}"
     self.ast, self.target = ast, target
     nodes = ast.walk()
