@@ -1,16 +1,21 @@
 """Layer 5: the scheduler turns the lazy graph under some outputs into an ordered list of kernels. All fusion is decided here.
-Imports helpers, dtype, ops, shape/, lazy.
+Imports helpers, dtype, ops, shape/, lazy, fusion.
 
-A kernel is: elementwise prologue (any views of any inputs) -> at most one reduce -> elementwise epilogue -> one store.
-Each base a kernel reaches gets a Decision from one pure function, `decide` (LOAD, REALIZE, CONST, INLINE, REDUCE, ROW_REDUCE,
-EMPTY_REDUCE), with its reason, a sentence naming the rule (DEBUG>=3 prints each); the KernelBuilder only follows decisions.
-The rules, each held by a test that counts kernels:
+A kernel is: elementwise prologue (any views of any inputs) -> reduces -> elementwise epilogue -> one or more stores. Its reduces
+share one frame (input shape and axes) or are row reduces over the same axes, and may nest row reduces in their loops (rule 3).
+Each base a kernel reaches gets a Decision from one pure function, `fusion.decide` (LOAD, REALIZE, CONST, INLINE, REDUCE,
+ROW_REDUCE, NESTED_REDUCE, EMPTY_REDUCE; and whether to store it too), with its reason, a sentence naming the rule (DEBUG>=3 prints
+each); the KernelBuilder only follows decisions. The rules, each held by a test that counts kernels:
   1. Elementwise ops fuse into whoever reads them, through any view (a movement op is a view, never a kernel).
   2. Recompute, don't materialize, an elementwise value read by several kernels: re-reading its inputs costs what reading a
      stored copy would, and it saves a write and a kernel. Inside one kernel a value is computed once (the linearizer dedups).
-     Except when a reduce reads it through an expand: that would recompute it once per broadcast element, so it is stored.
-  3. A reduce is computed exactly once: it is materialized if several kernels read it, if it is read through anything but a
-     plain reshape or a row read (rule 7), or if its reader already has a reduce.
+     Except when a reduce reads it through an expand along one of the reduce's output axes: that would recompute it once per
+     output element, so it is stored (a single value, or one repeated only along the reduce's own axes, is recomputed).
+  3. A reduce is computed once per element of its output: it is computed in a kernel that reads it through a plain reshape (as that
+     kernel's reduce, or beside a reduce over the same loops), or as a row reduce (rule 7) by every kernel that reads its rows (each
+     walks the rows anyway), or nested in another reduce's loop when read back exactly along its rows, reducing only axes the outer
+     reduce reduces, with the axes it depends on before the others (so it runs once per trip of those loops: cross-entropy's row
+     max inside the sum over rows). Otherwise it is stored, and its readers load it.
   4. A value seen through a pad is materialized first if it contains an op that does not map 0 to 0 (exp, log, 1/x, ...):
      padding pushed into the loads would otherwise compute f(0) in the padded area.
   5. Outputs, copies and contiguous() are always materialized.
@@ -18,7 +23,17 @@ The rules, each held by a test that counts kernels:
      the buffer it writes through another view (w.assign(w.T + 1)) computes the new value into a temporary first.
   7. Row kernels: a reduce read back along the axes it reduced (softmax reads its max and its sum through an expand) by a
      kernel that stores the reduce's input shape is computed inside that kernel, before the kernel's own walk of those axes:
-     softmax, log_softmax and layernorm are one kernel that reads each row from memory once. Its reduces share their axes.
+     softmax, log_softmax and layernorm are one kernel that reads each row from memory once. Its reduces share their axes, and it
+     has more than one row (one row would run on one work-group).
+  8. A value that must be stored (rules 2-5) is stored by the first kernel that reads it at the index it is stored at, outside every
+     reduce (a plain view, or in a row kernel an expand along the row axes), as one more output, instead of by a kernel of its own:
+     AdamW's moments by the kernel that updates the parameter, layernorm's row statistics by its forward kernel. Not when one of
+     that kernel's inputs reads it (a cycle), nor for an assign that kernel reads through another view (rule 6).
+  9. Kernels with the same loops (same stored shapes and reduce frame) that read a common input at least as large as their outputs,
+     neither needing the other, are one kernel with the stores of both (layernorm's weight and bias gradients): the input is read
+     once. Not contractions (every input read through an expand, a matmul), whose tiles are chosen for one accumulator set.
+Rules 3 and 8 depend on what later kernels decide: a pass that stores a value an earlier kernel of the pass recomputed is run again,
+with that value known to be stored from the start (see Scheduler).
 """
 from __future__ import annotations
 import heapq, sys
