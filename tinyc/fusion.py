@@ -105,6 +105,10 @@ def _fuse_reduce(base: LazyBuffer, site: Site, consumers: int, storing: bool) ->
     return Decision(Fusion.REALIZE, "rule 3: a reduce is computed once, and several kernels read it, not all by its rows")
   if site.shared and not storing:
     return Decision(Fusion.REALIZE, "rule 3: a reduce is computed once, and several kernels read a value between it and the store")
+  if storing and site.frame is None and _is_contraction(base):
+    return Decision(Fusion.REALIZE, "rule 8: a matmul is not stored by its reader: its own kernel's tile is chosen for it alone")
+  if storing and site.frame is None and site.row_axes is None and _row_reduces_under(site.root) - {base}:
+    return Decision(Fusion.REALIZE, "rule 8: its reader is a row kernel (rule 7), which a reduce over other loops would break")
   if site.row_axes is not None: return Decision(Fusion.REALIZE, "rule 3: the row kernel has row reduces of its own")
   if site.frame is not None and site.frame != frame:
     return Decision(Fusion.REALIZE, "rule 3: the kernel already has a reduce over other loops")
@@ -124,6 +128,25 @@ def _why_not_nested(base: LazyBuffer, site: Site) -> str | None:
   if depends and max(depends) > min((axis for axis in outer if axis not in depends), default=len(base.shape)):
     return "an axis it depends on comes after one it does not: it would be computed once per trip of that loop"
   return None
+
+def _is_contraction(base: LazyBuffer) -> bool:
+  """Whether a reduce sums products of broadcast inputs (a matmul): every operand of its input is read through an expand."""
+  value = base.srcs[0]
+  operands = value.base.srcs if value.base is value and isinstance(value.op, ElementwiseOps) else (value,)
+  return all(any(stride == 0 and size > 1 for view in src.st.views for stride, size in zip(view.strides, view.shape)) for src in operands)
+
+def _row_reduces_under(root: LazyBuffer) -> set[LazyBuffer]:
+  """The reduces of more than one row over an input of the root's shape that the root's elementwise graph reads: its rule 7 candidates."""
+  found: set[LazyBuffer] = set()
+  stack, seen = [root.srcs[0].base if root.op in (LoadOps.ASSIGN, LoadOps.CONTIGUOUS) else root], set()
+  while stack:
+    base = stack.pop()
+    if base in seen or base.realized is not None: continue
+    seen.add(base)
+    if isinstance(base.op, ReduceOps):
+      if base.srcs[0].shape == root.shape and prod(base.shape) > 1: found.add(base)
+    elif isinstance(base.op, ElementwiseOps): stack.extend(src.base for src in base.srcs)
+  return found
 
 def _reduce(base: LazyBuffer, fusion: Fusion, reason: str) -> Decision:
   if prod(base.srcs[0].shape) == 0: return Decision(Fusion.EMPTY_REDUCE, "a reduce of nothing is its identity, a constant")
