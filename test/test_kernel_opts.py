@@ -256,9 +256,9 @@ def run_with_opts(out: Tensor, opts: list[Opt]) -> np.ndarray:
   assert len(kernels) == 1, f"expected one kernel, got {len(kernels)}"
   item = kernels[0]
   program = Device[device].get_program(item.ast, tuple(opts))
-  result = Buffer(device, prod(item.out.shape), item.out.dtype)
-  program([result] + [src.realized for src in item.inputs])
-  return result.numpy().reshape(out.shape)
+  results = [Buffer(device, prod(base.shape), base.dtype) for base in item.outs]
+  program(results + [src.realized for src in item.inputs])
+  return results[item.outs.index(out.lazydata.base)].numpy().reshape(out.shape)
 
 def has_local() -> bool: return Device[Device.DEFAULT].target.has_local
 

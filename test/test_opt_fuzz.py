@@ -55,10 +55,11 @@ def random_opts(ast, target, rng: random.Random, actions: list[Opt] = ACTIONS) -
   return opts
 
 def run_kernel(device: str, item, opts: tuple[Opt, ...]) -> np.ndarray:
+  """Every output of the item's kernel, flattened into one array."""
   program = Device[device].get_program(item.ast, opts)
-  out = Buffer(device, prod(item.out.shape), item.out.dtype)
-  program([out] + [src.realized for src in item.inputs])
-  return out.numpy()
+  outs = [Buffer(device, prod(base.shape), base.dtype) for base in item.outs]
+  program(outs + [src.realized for src in item.inputs])
+  return np.concatenate([out.numpy().astype(np.float64).reshape(-1) for out in outs])
 
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_random_opts_match_unoptimized(name, tinyc_device):
@@ -73,7 +74,7 @@ def test_random_opts_match_unoptimized(name, tinyc_device):
       for _ in range(lists):
         opts = tuple(random_opts(item.ast, Device[device].target, rng))
         got = run_kernel(device, item, opts)
-        if item.out.dtype in (dtypes.float16,): np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2, err_msg=f"{opts}")
+        if any(out.dtype == dtypes.float16 for out in item.outs): np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2, err_msg=f"{opts}")
         else: np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=f"{opts}")
         tried += len(opts) > 0
     run_schedule([item])

@@ -1,18 +1,30 @@
 """Each fusion rule of schedule.py, held by counting the kernels a realize runs (and checking the values)."""
 import numpy as np
 import pytest
-from tinyc import Tensor, GlobalCounters
+import torch
+import ast_reference
+from tinyc import Tensor, GlobalCounters, nn, realize
+from tinyc.nn.optim import AdamW
 from tinyc.helpers import Context
 from tinyc.codegen.kernel import Kernel
 from tinyc.codegen.linearizer import Linearizer
 from tinyc.codegen.uops import UOps
-from tinyc.ops import BinaryOps
+from tinyc.ops import BinaryOps, LoadOps
 from tinyc.schedule import create_schedule
 
 def realized_inputs(*shapes, seed=0):
   rng = np.random.default_rng(seed)
   arrays = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
   return arrays, [Tensor(a).realize() for a in arrays]
+
+def kernel_items(*tensors):
+  """The kernels a realize of `tensors` would run (scheduled, not run: counts that hold whatever the code generator supports)."""
+  return [item for item in create_schedule([t.lazydata for t in tensors]) if item.ast.op not in LoadOps]
+
+@pytest.fixture(params=["compiled", "reference"])
+def kernels(request, monkeypatch):
+  if request.param == "reference": monkeypatch.setattr(realize, "_compute", ast_reference.compute)
+  return request.param
 
 def kernels_for(*tensors):
   GlobalCounters.reset()
@@ -63,14 +75,15 @@ def test_elementwise_value_read_by_two_kernels_is_recomputed():
   (a, b), (ta, tb) = realized_inputs((8, 8), (8, 8))
   shared = ta * tb + 1
   total, largest = shared.sum(), shared.max()
-  assert kernels_for(total, largest) == 2  # rule 2: no third kernel materializes `shared`
+  assert len(kernel_items(total, largest)) == 1  # rule 2: no kernel materializes `shared`; rule 9: the two reduces read a and b once
   np.testing.assert_allclose([total.item(), largest.item()], [(a * b + 1).sum(), (a * b + 1).max()], rtol=1e-5)
 
-def test_reduce_read_by_two_kernels_is_materialized_once():
+def test_reduce_read_by_two_kernels_is_materialized_once(kernels):
   (a,), (ta,) = realized_inputs((8, 8))
   row_sums = ta.sum(1)
   first, second = row_sums + 1, row_sums * 2
-  assert kernels_for(first, second) == 3  # rule 3: the reduce runs once, its two readers read it
+  assert len(kernel_items(first, second)) == 2  # rule 3: the reduce runs once; rule 8: the kernel of `first` stores it too
+  Tensor.corealize([first, second])
   np.testing.assert_allclose(first.numpy(), a.sum(1) + 1, rtol=1e-5)
   np.testing.assert_allclose(second.numpy(), a.sum(1) * 2, rtol=1e-5)
 
@@ -114,10 +127,10 @@ def test_reduce_of_a_reduce_is_two_kernels():
   assert kernels_for(out) == 2
   np.testing.assert_allclose(out.numpy(), a.sum(), rtol=1e-5)
 
-def test_two_reduces_in_one_expression():
+def test_two_reduces_over_the_same_loops_share_a_kernel():
   (a, b), (ta, tb) = realized_inputs((8, 16), (8, 16))
   out = ta.sum(1) + tb.max(1)
-  assert kernels_for(out) == 2  # one reduce fuses into the final kernel's store, the other is materialized
+  assert kernels_for(out) == 1  # rule 3: both reduce (8, 16) over axis 1, so one kernel runs both in its loops
   np.testing.assert_allclose(out.numpy(), a.sum(1) + b.max(1), rtol=1e-5)
 
 def test_pad_of_an_unsafe_op_is_materialized_first():
@@ -236,3 +249,114 @@ def test_a_row_reduce_and_a_plain_reduce_never_share_a_kernel():
   out = tx.max(1, keepdim=True) + ty.sum(2)
   assert kernels_for(out) == 2
   np.testing.assert_allclose(out.numpy(), x.max(1, keepdims=True) + y.sum(2), rtol=1e-5, atol=1e-5)
+
+def test_debug_3_prints_each_decision_and_its_reason(capsys):
+  (a, b), (ta, tb) = realized_inputs((8, 16), (8, 16))
+  with Context(DEBUG=3): create_schedule([(ta.softmax(-1) + tb.sum(0)).lazydata])
+  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("schedule:")]
+  assert any("reads MAX (8, 1): ROW_REDUCE, as rule 7" in line for line in lines), lines
+  assert any("reads SUM (1, 16): REALIZE, as rule 3: the row kernel has row reduces of its own" in line for line in lines), lines
+  assert any("reads EXP2 (8, 16): INLINE, as rule 1" in line for line in lines), lines
+
+# ---- several outputs and nested reduces (rules 3, 8, 9). Each fusion is counted on the schedule, and its values are checked against
+# torch twice: with the kernels the code generator compiles, and with the numpy evaluator of kernel ASTs (test/ast_reference.py),
+# which checks what the scheduler made whatever the code generator supports.
+
+def test_nested_row_reduce_is_computed_in_the_outer_reduce(kernels):
+  (a,), (ta,) = realized_inputs((8, 16))
+  out = (ta - ta.max(1, keepdim=True)).exp().sum()  # the row max depends on axis 0, which comes first: once per row
+  assert len(kernel_items(out)) == 1
+  np.testing.assert_allclose(out.numpy(), np.exp(a - a.max(1, keepdims=True)).sum(), rtol=1e-5)
+
+def test_nested_reduce_is_stored_when_its_loop_comes_after(kernels):
+  (a,), (ta,) = realized_inputs((8, 16))
+  out = (ta - ta.max(0, keepdim=True)).exp().sum()  # the column max depends on axis 1, inside axis 0's loop: it would run 8 times
+  assert len(kernel_items(out)) == 2
+  np.testing.assert_allclose(out.numpy(), np.exp(a - a.max(0, keepdims=True)).sum(), rtol=1e-5)
+
+def test_contractions_reading_one_input_stay_apart():
+  (x, w1, w2), (tx, tw1, tw2) = realized_inputs((8, 16), (16, 4), (16, 4))
+  assert len(kernel_items(tx @ tw1, tx @ tw2)) == 2  # rule 9 leaves matmuls alone: each tile is chosen for one accumulator set
+
+def torch_adamw_steps(params, grads, steps, **kwargs):
+  weights = [torch.tensor(p, requires_grad=True) for p in params]
+  optimizer = torch.optim.AdamW(weights, **kwargs)
+  for _ in range(steps):
+    for weight, grad in zip(weights, grads): weight.grad = torch.tensor(grad)
+    optimizer.step()
+  return [weight.detach().numpy() for weight in weights]
+
+def test_adamw_updates_each_parameter_in_one_kernel(kernels):
+  (w, b, gw, gb), (tw, tb, tgw, tgb) = realized_inputs((8, 16), (16,), (8, 16), (16,))
+  optimizer = AdamW([tw, tb], lr=0.01, weight_decay=0.1)
+  for step in range(2):
+    tw.grad, tb.grad = tgw, tgb
+    targets = optimizer._update([0, 1]) + optimizer.params + [optimizer.lr]  # what optimizer.step() realizes
+    if step == 0:
+      items = kernel_items(*targets)
+      # one kernel per parameter stores it and its two moments; one kernel steps both counters (was 4 kernels per parameter)
+      assert sorted(len(item.outs) for item in items) == [2, 3, 3], [item.outs for item in items]
+    Tensor.corealize(targets)
+  expected = torch_adamw_steps([w, b], [gw, gb], 2, lr=0.01, weight_decay=0.1)
+  np.testing.assert_allclose(tw.numpy(), expected[0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(tb.numpy(), expected[1], rtol=1e-5, atol=1e-6)
+
+def test_layernorm_train_step_is_three_kernels(kernels):
+  (x, weight, bias, g), (tx, tweight, tbias, tg) = realized_inputs((8, 32), (32,), (32,), (8, 32))
+  norm = nn.LayerNorm(32)
+  norm.weight, norm.bias = tweight, tbias
+  for tensor in (tx, tweight, tbias): tensor.requires_grad = True
+  out = norm(tx)
+  (out * tg).sum().backward()
+  outputs = (out, tx.grad, norm.weight.grad, norm.bias.grad)
+  forward, backward_x, backward_affine = kernel_items(*outputs)
+  # the forward row kernel also stores the row statistics the backward reads (rule 8), instead of kernels of their own;
+  # the input's gradient is one row kernel; the weight's and the bias's are sibling reduces over the rows, one kernel (rule 9)
+  assert out.lazydata.base in forward.outs and len(forward.outs) > 1 and all(base.shape == (8, 1) for base in forward.outs[1:])
+  assert backward_x.outs == (tx.grad.lazydata.base,)
+  assert set(backward_affine.outs) == {norm.weight.grad.lazydata.base, norm.bias.grad.lazydata.base}
+  Tensor.corealize(outputs)
+  reference = [torch.tensor(a, requires_grad=True) for a in (x, weight, bias)]
+  torch_out = torch.nn.functional.layer_norm(reference[0], (32,), reference[1], reference[2], eps=1e-5)
+  (torch_out * torch.tensor(g)).sum().backward()
+  np.testing.assert_allclose(out.numpy(), torch_out.detach().numpy(), rtol=1e-4, atol=1e-5)
+  for got, tensor in zip(outputs[1:], reference): np.testing.assert_allclose(got.numpy(), tensor.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+def cross_entropy_case(ignore_index=-1):
+  (logits,), (tlogits,) = realized_inputs((8, 10))
+  labels = np.array([3, 0, 9, 4, 4, ignore_index, 1, 7], dtype=np.int32)
+  tlogits.requires_grad = True
+  return logits, tlogits, labels, Tensor(labels)
+
+def torch_cross_entropy(logits, labels):
+  reference = torch.tensor(logits, requires_grad=True)
+  loss = torch.nn.functional.cross_entropy(reference, torch.tensor(labels, dtype=torch.long), ignore_index=-1)
+  loss.backward()
+  return loss.item(), reference.grad.numpy()
+
+def test_cross_entropy_forward_and_backward_are_one_kernel_each(kernels):
+  logits, tlogits, labels, tlabels = cross_entropy_case()
+  with Context(CHECK_INDEX=0):  # with index checks on, the labels' check is one more small kernel of its own
+    loss = tlogits.sparse_categorical_crossentropy(tlabels)
+    assert len(kernel_items(loss)) == 1  # the row max and log-sum-exp nest in the sum over rows (rule 3)
+    loss.backward()
+    # realized together, as a train step does: the forward also stores the count of labels the backward reads (rule 8); the backward
+    # recomputes the row reductions it needs in its own row walk (rule 3)
+    assert len(kernel_items(loss, tlogits.grad)) == 2
+    Tensor.corealize([loss, tlogits.grad])
+  expected_loss, expected_grad = torch_cross_entropy(logits, labels)
+  np.testing.assert_allclose(loss.item(), expected_loss, rtol=1e-5)
+  np.testing.assert_allclose(tlogits.grad.numpy(), expected_grad, rtol=1e-4, atol=1e-6)
+
+def test_cross_entropy_backward_after_the_forward_was_realized(kernels):
+  logits, tlogits, labels, tlabels = cross_entropy_case()
+  with Context(CHECK_INDEX=0):
+    loss = tlogits.sparse_categorical_crossentropy(tlabels).realize()
+    loss.backward()
+    # the backward recomputes the row reductions in its row walk; the count of labels, a single value that the forward kernel computed
+    # but did not store (nothing else read it then), is a small kernel of its own
+    assert len(kernel_items(tlogits.grad)) == 2
+    tlogits.grad.realize()
+  expected_loss, expected_grad = torch_cross_entropy(logits, labels)
+  np.testing.assert_allclose(loss.item(), expected_loss, rtol=1e-5)
+  np.testing.assert_allclose(tlogits.grad.numpy(), expected_grad, rtol=1e-4, atol=1e-6)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 from tinyc.dtype import dtypes
 from tinyc.helpers import BEAM, DEBUG, getenv, prod
-from tinyc.ops import LazyOp, MemBuffer
+from tinyc.ops import LazyOp, MemBuffer, output_count
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.kernel import Kernel, KernelOptError, KernelTarget, Opt
 from tinyc.codegen.search import ast_text, beam_search, cache_get, cache_key, cache_put
@@ -62,7 +62,7 @@ def search(device: Compiled, ast: LazyOp) -> tuple[tuple[Opt, ...], bool]:
   """(the winner, whether it may be cached). A winner whose output differs from the unoptimized kernel's is not used."""
   kernel = Kernel(ast, device.target)
   hand_coded = tuple(hand_coded_optimizations(kernel.copy()))
-  buffers = _random_buffers(device.name, kernel)
+  buffers = _random_buffers(device.name, kernel, outputs := output_count(ast))
   times: dict[tuple[Opt, ...], float] = {}
   def measure(opts: tuple[Opt, ...], built: Built) -> float:
     name, source, binary, global_size, local_size, flops, mem_bytes = built
@@ -77,7 +77,7 @@ def search(device: Compiled, ast: LazyOp) -> tuple[tuple[Opt, ...], bool]:
   started = time.perf_counter()
   arguments = lambda opts: (ast, opts, device.target, device.threads, device.max_local, device.render, device.compile_binary)  # noqa: E731
   best = beam_search(kernel, BEAM.value, build_candidate, arguments, measure, starts=((), hand_coded), name=kernel.name)
-  verified = not getenv("BEAM_VERIFY", 1) or outputs_match(device, ast, best, buffers)
+  verified = not getenv("BEAM_VERIFY", 1) or outputs_match(device, ast, best, buffers, outputs)
   if DEBUG >= 2 or not verified:
     print(f"BEAM {kernel.name}: {list(best)} {times.get(best, math.nan) * 1e6:.2f} us against the hand-coded "
           f"{times.get(hand_coded, math.nan) * 1e6:.2f} us after a {time.perf_counter() - started:.1f} s search"
@@ -104,8 +104,9 @@ def time_program(program: Program, buffers: list[Buffer], scale_down: bool, best
     if fastest > 3 * best_s: break
   return fastest
 
-def _random_buffers(device: str, kernel: Kernel) -> list[Buffer]:
-  """One real-size buffer per buffer number of the kernel, inputs filled with random values of their dtype."""
+def _random_buffers(device: str, kernel: Kernel, outputs: int) -> list[Buffer]:
+  """One real-size buffer per buffer number of the kernel (the first `outputs` are its outputs), inputs filled with random values
+  of their dtype."""
   sizes: dict[int, tuple[int, Any]] = {}
   for buf in kernel.bufs:
     if isinstance(buf, MemBuffer): sizes[buf.idx] = (max(sizes.get(buf.idx, (0, None))[0], buf.st.real_size(), 1), buf.dtype)
@@ -114,19 +115,22 @@ def _random_buffers(device: str, kernel: Kernel) -> list[Buffer]:
   for idx in sorted(sizes):
     size, dtype = sizes[idx]
     buffer = Buffer(device, size, dtype)
-    if idx != 0:
+    if idx >= outputs:
       values = rng.standard_normal(size).astype(np.float32) if dtypes.is_float(dtype) else rng.integers(0, 2 if dtype == dtypes.bool else 8, size)
       buffer.copyin((values.view(np.uint32) >> 16).astype(np.uint16) if dtype == dtypes.bfloat16 else values.astype(dtype.np))
     buffers.append(buffer)
   return buffers
 
-def outputs_match(device: Compiled, ast: LazyOp, opts: tuple[Opt, ...], buffers: list[Buffer]) -> bool:
-  """Whether `opts` give the unoptimized kernel's output on the random inputs (BEAM_VERIFY). Like the timing runs, these runs are
-  launched directly, not through Program.__call__: they are the search's, so GlobalCounters does not count them."""
+def outputs_match(device: Compiled, ast: LazyOp, opts: tuple[Opt, ...], buffers: list[Buffer], outputs: int) -> bool:
+  """Whether `opts` give the unoptimized kernel's outputs (the first `outputs` buffers) on the random inputs (BEAM_VERIFY). Like the
+  timing runs, these runs are launched directly, not through Program.__call__: they are the search's, so GlobalCounters does not
+  count them."""
   results = []
   for candidate in ((), opts):
     program = device.get_program(ast, candidate)
     program.run(*[buf.opaque for buf in buffers], global_size=program.global_size, local_size=program.local_size, wait=True)
-    results.append(buffers[0].numpy().astype(np.float64))
-  tolerance = 1e-2 if buffers[0].dtype in (dtypes.float16, dtypes.bfloat16) else 1e-3
-  return bool(np.allclose(results[1], results[0], rtol=tolerance, atol=tolerance, equal_nan=True))
+    results.append([buf.numpy().astype(np.float64) for buf in buffers[:outputs]])
+  def close(out: Buffer, got: np.ndarray, expected: np.ndarray) -> bool:
+    tolerance = 1e-2 if out.dtype in (dtypes.float16, dtypes.bfloat16) else 1e-3
+    return bool(np.allclose(got, expected, rtol=tolerance, atol=tolerance, equal_nan=True))
+  return all(close(out, got, expected) for out, got, expected in zip(buffers, results[1], results[0]))

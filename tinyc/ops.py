@@ -18,8 +18,7 @@ class ReduceOps(Enum):
 class MovementOps(Enum):
   RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); STRIDE = auto()  # noqa: E702
 class BufferOps(Enum):
-  """The leaves and the root of a kernel's AST: LOAD and CONST are leaves, each STORE writes one output, and the SINK holds the
-  kernel's STOREs."""
+  """The leaves and the root of a kernel's AST: SINK(STORE, ...) stores each of a kernel's outputs."""
   LOAD = auto(); CONST = auto(); STORE = auto(); SINK = auto()  # noqa: E702
 class LoadOps(Enum):
   """Graph nodes that are not plain values: EMPTY allocates, CONST is a scalar, COPY moves data across devices, CONTIGUOUS
@@ -34,7 +33,7 @@ UNSAFE_PAD_OPS = {UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.RECIP, BinaryOps.DIV, B
 
 @dataclass(frozen=True)
 class MemBuffer:
-  """Buffer number `idx` of a kernel (0 is the output), read or written through `st`."""
+  """Buffer number `idx` of a kernel (the outputs first, then the inputs), read or written through `st`."""
   idx: int
   dtype: DType
   st: ShapeTracker
@@ -74,14 +73,22 @@ class LazyOp:
       order[node] = None
     visit(self)
     return list(order)
-  def map_buffers(self, fn: Any) -> LazyOp:
-    """A copy of the tree with each LOAD/CONST/STORE arg replaced by fn(arg)."""
-    if self.op in BufferOps: return LazyOp(self.op, tuple(s.map_buffers(fn) for s in self.src), fn(self.arg))
-    return LazyOp(self.op, tuple(s.map_buffers(fn) for s in self.src), self.arg)
+  def map_buffers(self, fn: Any, done: dict[LazyOp, LazyOp] | None = None) -> LazyOp:
+    """A copy of the tree with each LOAD/CONST/STORE arg replaced by fn(arg) (each shared subtree mapped once)."""
+    done = {} if done is None else done
+    if (mapped := done.get(self)) is None:
+      srcs = tuple(s.map_buffers(fn, done) for s in self.src)
+      done[self] = mapped = LazyOp(self.op, srcs, fn(self.arg) if self.op in BufferOps else self.arg)
+    return mapped
 
 @dataclass(frozen=True)
 class ScheduleItem:
-  """One kernel to run (or one LoadOp to perform): its AST, the buffer it writes and the buffers it reads."""
+  """One kernel to run (or one LoadOp to perform): its AST, the buffers it writes (the SINK's STOREs in order; a LoadOp has one)
+  and the buffers it reads. Its program is called with the outputs' buffers, then the inputs'."""
   ast: LazyOp
-  out: Any      # LazyBuffer (typed loosely: lazy.py sits above this layer)
+  outs: tuple[Any, ...]    # LazyBuffers (typed loosely: lazy.py sits above this layer)
   inputs: tuple[Any, ...]
+
+def output_count(ast: LazyOp) -> int:
+  """How many buffers a kernel's AST (or a LoadOp) writes: its SINK's STOREs."""
+  return len(ast.src) if ast.op is BufferOps.SINK else 1

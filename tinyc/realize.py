@@ -24,32 +24,45 @@ _computing: dict[LazyBuffer, threading.Lock] = {}  # base -> a lock its computin
 
 def run_schedule(schedule: list[ScheduleItem]) -> None:
   for item in schedule:
-    if (busy := _claim(item.out)) is None: continue  # another thread computed it
-    buffer: Buffer | None = None
-    try: buffer = _compute(item)
+    if (busy := _claim(item.outs)) is None: continue  # another thread computed them
+    if busy is STALE:  # another thread computed some of them in a kernel of its own: compute the rest anew, reading those
+      with _graph_lock: rest = create_schedule([out for out in item.outs if out.realized is None])
+      run_schedule(rest)
+      continue
+    buffers: list[Buffer] | None = None
+    try: buffers = _compute(item)
     finally:
       with _graph_lock:
-        if buffer is not None: item.out.realized, item.out.srcs = buffer, ()  # the value is stored: let the graph that made it be freed
-        del _computing[item.out]
+        for out, buffer in zip(item.outs, buffers or []): out.realized, out.srcs = buffer, ()  # stored: let the graph that made it be freed
+        for out in item.outs: del _computing[out]
       busy.release()
 
-def _claim(base: LazyBuffer) -> threading.Lock | None:
-  """A held lock to release once `base` is published, if this thread is to compute it; None once another thread has computed it."""
+STALE = threading.Lock()  # what _claim returns for an item some of whose outputs another thread has computed
+
+def _claim(outs: tuple[LazyBuffer, ...]) -> threading.Lock | None:
+  """A held lock to release once `outs` are published, if this thread is to compute them; None once another thread has computed
+  them all, STALE once it has computed some (its schedule grouped them otherwise: the item would compute those again)."""
   while True:
     with _graph_lock:
-      if base.realized is not None: return None
-      if (busy := _computing.get(base)) is None:
-        _computing[base] = busy = threading.Lock()
+      if all(out.realized is not None for out in outs): return None
+      if any(out.realized is not None for out in outs): return STALE
+      if (busy := next((lock for out in outs if (lock := _computing.get(out)) is not None), None)) is None:
+        busy = threading.Lock()
         busy.acquire()
+        for out in outs: _computing[out] = busy
         return busy
-    with busy: pass  # another thread is computing it: wait, then look again (it may have failed)
+    with busy: pass  # another thread is computing them: wait, then look again (it may have failed)
 
-def _compute(item: ScheduleItem) -> Buffer:
-  out = item.out
-  buffer = out.srcs[1].realized if out.op is LoadOps.ASSIGN else Buffer(out.device, prod(out.shape), out.dtype)
-  assert buffer is not None, f"assign into {out.srcs[1]}, which has no buffer"
-  if item.ast.op is LoadOps.COPY: _run(copy_buffer, [buffer, item.inputs[0].realized])
-  elif item.ast.op is not LoadOps.EMPTY: _run(program_for(item.ast, out.device), [buffer] + [src.realized for src in item.inputs])
+def _compute(item: ScheduleItem) -> list[Buffer]:
+  buffers = [_output_buffer(out) for out in item.outs]
+  if item.ast.op is LoadOps.COPY: _run(copy_buffer, [buffers[0], item.inputs[0].realized])
+  elif item.ast.op is not LoadOps.EMPTY: _run(program_for(item.ast, item.outs[0].device), buffers + [src.realized for src in item.inputs])
+  return buffers
+
+def _output_buffer(out: LazyBuffer) -> Buffer:
+  """Where an output goes: the target's own memory for an assign, else a new buffer."""
+  if out.op is not LoadOps.ASSIGN: return Buffer(out.device, prod(out.shape), out.dtype)
+  assert (buffer := out.srcs[1].realized) is not None, f"assign into {out.srcs[1]}, which has no buffer"
   return buffer
 
 def program_for(ast: LazyOp, device_name: str) -> Program:

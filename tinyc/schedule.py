@@ -1,14 +1,21 @@
 """Layer 5: the scheduler turns the lazy graph under some outputs into an ordered list of kernels. All fusion is decided here.
-Imports helpers, dtype, ops, shape/, lazy.
+Imports helpers, dtype, ops, shape/, lazy, fusion.
 
-A kernel is: elementwise prologue (any views of any inputs) -> at most one reduce -> elementwise epilogue -> one store.
-The rules, each held by a test that counts kernels:
+A kernel is: elementwise prologue (any views of any inputs) -> reduces -> elementwise epilogue -> one or more stores. Its reduces
+share one frame (input shape and axes) or are row reduces over the same axes, and may nest row reduces in their loops (rule 3).
+Each base a kernel reaches gets a Decision from one pure function, `fusion.decide` (LOAD, REALIZE, CONST, INLINE, REDUCE,
+ROW_REDUCE, NESTED_REDUCE, EMPTY_REDUCE; and whether to store it too), with its reason, a sentence naming the rule (DEBUG>=3 prints
+each); the KernelBuilder only follows decisions. The rules, each held by a test that counts kernels:
   1. Elementwise ops fuse into whoever reads them, through any view (a movement op is a view, never a kernel).
   2. Recompute, don't materialize, an elementwise value read by several kernels: re-reading its inputs costs what reading a
      stored copy would, and it saves a write and a kernel. Inside one kernel a value is computed once (the linearizer dedups).
-     Except when a reduce reads it through an expand: that would recompute it once per broadcast element, so it is stored.
-  3. A reduce is computed exactly once: it is materialized if several kernels read it, if it is read through anything but a
-     plain reshape or a row read (rule 7), or if its reader already has a reduce.
+     Except when a reduce reads it through an expand along one of the reduce's output axes: that would recompute it once per
+     output element, so it is stored (a single value, or one repeated only along the reduce's own axes, is recomputed).
+  3. A reduce is computed once per element of its output: it is computed in a kernel that reads it through a plain reshape (as that
+     kernel's reduce, or beside a reduce over the same loops), or as a row reduce (rule 7) by every kernel that reads its rows (each
+     walks the rows anyway), or nested in another reduce's loop when read back exactly along its rows, reducing only axes the outer
+     reduce reduces, with the axes it depends on before the others (so it runs once per trip of those loops: cross-entropy's row
+     max inside the sum over rows). Otherwise it is stored, and its readers load it.
   4. A value seen through a pad is materialized first if it contains an op that does not map 0 to 0 (exp, log, 1/x, ...):
      padding pushed into the loads would otherwise compute f(0) in the padded area.
   5. Outputs, copies and contiguous() are always materialized.
@@ -16,146 +23,179 @@ The rules, each held by a test that counts kernels:
      the buffer it writes through another view (w.assign(w.T + 1)) computes the new value into a temporary first.
   7. Row kernels: a reduce read back along the axes it reduced (softmax reads its max and its sum through an expand) by a
      kernel that stores the reduce's input shape is computed inside that kernel, before the kernel's own walk of those axes:
-     softmax, log_softmax and layernorm are one kernel that reads each row from memory once. Its reduces share their axes.
+     softmax, log_softmax and layernorm are one kernel that reads each row from memory once. Its reduces share their axes, and it
+     has more than one row (one row would run on one work-group).
+  8. A value that must be stored (rules 2-5) is stored by the first kernel that reads it at the index it is stored at, outside every
+     reduce (a plain view, or in a row kernel an expand along the row axes), as one more output, instead of by a kernel of its own:
+     AdamW's moments by the kernel that updates the parameter, layernorm's row statistics by its forward kernel. Not when one of
+     that kernel's inputs reads it (a cycle), nor for an assign that kernel reads through another view (rule 6).
+  9. Kernels with the same loops (same stored shapes and reduce frame) that read a common input at least as large as their outputs,
+     neither needing the other, are one kernel with the stores of both (layernorm's weight and bias gradients): the input is read
+     once. Not contractions (every input read through an expand, a matmul), whose tiles are chosen for one accumulator set.
+Rules 3 and 8 depend on what later kernels decide: a pass that stores a value an earlier kernel of the pass recomputed is run again,
+with that value known to be stored from the start (see Scheduler).
 """
 from __future__ import annotations
 import heapq, sys
 from tinyc.dtype import dtypes
-from tinyc.helpers import prod
-from tinyc.ops import (BufferOps, ConstBuffer, ElementwiseOps, LazyOp, LoadOps, MemBuffer, ReduceOps, ScheduleItem, UNSAFE_PAD_OPS)
+from tinyc.helpers import DEBUG, prod
+from tinyc.ops import BufferOps, ConstBuffer, LazyOp, LoadOps, MemBuffer, ReduceOps, ScheduleItem
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.lazy import LazyBuffer
+from tinyc.fusion import Decision, Fusion, Frame, Site, decide
 
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))  # graphs are walked recursively; a long training step is deep
 
-def _is_plain_reshape(st: ShapeTracker) -> bool: return len(st.views) == 1 and st.views[0].contiguous
-def _has_mask(st: ShapeTracker) -> bool: return any(view.mask is not None for view in st.views)
-def _has_expand(st: ShapeTracker) -> bool: return any(stride == 0 and size > 1 for view in st.views for stride, size in zip(view.strides, view.shape))
+def _describe(base: LazyBuffer) -> str: return f"{'realized' if base.realized is not None else getattr(base.op, 'name', base.op)} {base.shape}"
 
 class Scheduler:
-  def __init__(self, outs: list[LazyBuffer]) -> None:
+  """One pass over the graph under `targets`, appending a kernel (or load op) per base that must be stored. `realizes` and
+  `no_store` carry over between passes: a pass is `stale` when it stored a base that one of its kernels had recomputed (a kernel
+  made before the base was known to be stored might have stored it, rule 8), and is then run again."""
+  def __init__(self, targets: list[LazyBuffer], consumers: dict[LazyBuffer, int], realizes: set[LazyBuffer], no_store: set[LazyBuffer]) -> None:
+    self.consumers, self.realizes, self.no_store = consumers, realizes, no_store  # no_store: bases no other kernel may store (rule 8)
     self.items: list[ScheduleItem] = []
     self.scheduled: set[LazyBuffer] = set()
-    self.consumers: dict[LazyBuffer, int] = {}
-    self.realizes: set[LazyBuffer] = set()
-    targets = [out.base for out in outs if out.base.realized is None]
-    self._count_consumers(targets)
-    self.realizes.update(targets)
-    for base in self.consumers:
-      if isinstance(base.op, LoadOps) and base.op is not LoadOps.CONST: self.realizes.add(base)
-      if isinstance(base.op, ReduceOps) and self.consumers[base] > 1: self.realizes.add(base)
+    self.storing: dict[LazyBuffer, KernelBuilder] = {}  # base -> the kernel being built that also stores it
+    self.recomputed: set[LazyBuffer] = set()  # bases that kernels of this pass compute where several kernels may reach them
+    self.stale = False
     for target in targets: self.schedule(target)
-    if any(item.out.op is LoadOps.ASSIGN for item in self.items): self.items = _order_assigns(self.items)
 
-  def _count_consumers(self, targets: list[LazyBuffer]) -> None:
-    stack, seen = list(targets), set(targets)
-    for base in targets: self.consumers.setdefault(base, 0)
-    while stack:
-      base = stack.pop()
-      for src in dict.fromkeys(src.base for src in base.srcs):
-        if src.realized is not None: continue
-        self.consumers[src] = self.consumers.get(src, 0) + 1
-        if src not in seen:
-          seen.add(src)
-          stack.append(src)
+  def realize(self, base: LazyBuffer) -> None:
+    if base not in self.realizes and base in self.recomputed: self.stale = True
+    self.realizes.add(base)
 
   def schedule(self, base: LazyBuffer) -> None:
     """Append the kernel (or load op) that computes `base`, after those of the inputs it needs."""
+    if (builder := self.storing.pop(base, None)) is not None: builder.cycles.add(base)  # its storing kernel reads it through another
     if base in self.scheduled or base.realized is not None: return
     self.scheduled.add(base)
     if prod(base.shape) == 0:  # nothing to compute, and nothing it reads is needed
-      self.items.append(ScheduleItem(LazyOp(LoadOps.EMPTY), base, ()))
+      self.items.append(ScheduleItem(LazyOp(LoadOps.EMPTY), (base,), ()))
       return
     if base.op in (LoadOps.EMPTY, LoadOps.COPY):
       srcs = tuple(src.base for src in base.srcs)
       for src in srcs: self.schedule(src)
-      self.items.append(ScheduleItem(LazyOp(base.op), base, srcs))
+      self.items.append(ScheduleItem(LazyOp(base.op), (base,), srcs))
       return
-    kernel = KernelBuilder(self, base)
-    if base.op is LoadOps.ASSIGN and kernel.reads_target_through_another_view():
-      self.realizes.add(base.srcs[0].base)
+    while True:
       kernel = KernelBuilder(self, base)
-    self.items.append(ScheduleItem(kernel.ast, base, tuple(kernel.inputs)))
+      for out in kernel.outs[1:]: self.storing.pop(out, None)
+      if refused := kernel.cycles | kernel.misplaced_stores(): self.no_store.update(refused)  # store those in kernels of their own
+      elif base.op is LoadOps.ASSIGN and kernel.reads_through_another_view(base):  # rule 6: the new value goes to a temporary first
+        self.realize(base.srcs[0].base)
+        self.no_store.add(base.srcs[0].base)
+      else: break
+    self.scheduled.update(kernel.outs)
+    self.items.append(ScheduleItem(kernel.ast, tuple(kernel.outs), tuple(kernel.inputs)))
 
 class KernelBuilder:
-  """Builds the AST of the kernel that stores `root`, inlining every value the rules allow and loading the rest."""
+  """Builds the AST of the kernel that stores `root` (and the bases rule 8 stores with it) by following the decision for each base."""
   def __init__(self, scheduler: Scheduler, root: LazyBuffer) -> None:
     self.scheduler, self.root = scheduler, root
     self.inputs: list[LazyBuffer] = []
-    self.reduce_shape: tuple[int, ...] | None = None
+    self.also: dict[LazyBuffer, tuple[LazyOp, ShapeTracker]] = {}  # more outputs (rule 8): value and view in the root's shape
+    self.frame: Frame | None = None  # the loops of the kernel's reduces
     self.row_axes: tuple[int, ...] | None = None  # the axes the kernel's row reduces reduce
+    self.cycles: set[LazyBuffer] = set()  # bases it would store that one of its inputs reads
+    self.built: dict[tuple, LazyOp] = {}  # a base reached again the same way is the same value
+    self.explained: set[LazyBuffer] | None = set() if DEBUG >= 3 else None  # bases whose decision DEBUG=3 printed
     value_src = root.srcs[0] if root.op in (LoadOps.CONTIGUOUS, LoadOps.ASSIGN) else root
     st = ShapeTracker.from_shape(root.shape)
-    value = self.build(value_src.base, value_src.st if value_src is not root else st, shared=False, in_reduce=False)
-    if self.reduce_shape is not None and self.reduce_shape != root.shape:
+    value = self.build(value_src.base, value_src.st if value_src is not root else st, shared=False, enclosing=None)
+    stores = [(root, value, st)] + [(base, value, view) for base, (value, view) in self.also.items()]
+    if self.frame is not None and (reduce_shape := tuple(1 if a in self.frame.axes else s for a, s in enumerate(self.frame.shape))) != root.shape:
       # the epilogue was built in the root's shape; the kernel runs in the reduce's (same size, 1 in each reduced axis)
-      value, st = self._reshape_epilogue(value, self.reduce_shape), st.reshape(self.reduce_shape)
-    self.ast = LazyOp(BufferOps.SINK, (LazyOp(BufferOps.STORE, (value,), MemBuffer(0, root.dtype, st)),))
+      reshaped: dict[LazyOp, LazyOp] = {}
+      stores = [(base, _reshape_epilogue(value, reduce_shape, reshaped), view.reshape(reduce_shape)) for base, value, view in stores]
+    self.outs = [base for base, _, _ in stores]
+    def number(buf: MemBuffer | None) -> MemBuffer | None:  # inputs were numbered from 0 as they came: they follow the outputs
+      return MemBuffer(buf.idx + len(stores), buf.dtype, buf.st) if isinstance(buf, MemBuffer) else buf
+    numbered: dict[LazyOp, LazyOp] = {}
+    self.ast = LazyOp(BufferOps.SINK, tuple(LazyOp(BufferOps.STORE, (value.map_buffers(number, numbered),), MemBuffer(index, base.dtype, view))
+                                            for index, (base, value, view) in enumerate(stores)))
 
-  def reads_target_through_another_view(self) -> bool:
-    """Whether this ASSIGN kernel loads the buffer it overwrites at other indices than the one it stores to."""
-    target = self.root.srcs[1]
+  def reads_through_another_view(self, out: LazyBuffer) -> bool:
+    """Whether the kernel loads the buffer the ASSIGN `out` overwrites at other indices than the one it stores to (rule 6)."""
+    target = out.srcs[1]
     if target not in self.inputs: return False
-    number, store_st = self.inputs.index(target) + 1, self.ast.src[0].arg.st
+    number, store_st = self.inputs.index(target) + len(self.outs), self.ast.src[self.outs.index(out)].arg.st
     return any(node.op is BufferOps.LOAD and node.arg.idx == number and node.arg.st != store_st for node in self.ast.walk())
+
+  def misplaced_stores(self) -> set[LazyBuffer]:
+    """The bases stored with the root that must not be (rule 8): read along axes that are not row axes, so computed once per element
+    of a loop they do not depend on, or an assign that reads its target through another view (rule 6)."""
+    misplaced = {base for base, (_, view) in self.also.items() if view.shape != self.root.shape and
+                 (self.row_axes is None or any(a not in self.row_axes for a, (s, r) in enumerate(zip(view.shape, self.root.shape)) if s != r))}
+    return misplaced | {base for base in self.outs[1:] if base.op is LoadOps.ASSIGN and self.reads_through_another_view(base)}
 
   def _load(self, base: LazyBuffer, st: ShapeTracker) -> LazyOp:
     self.scheduler.schedule(base)
     if base not in self.inputs: self.inputs.append(base)
-    return LazyOp(BufferOps.LOAD, (), MemBuffer(self.inputs.index(base) + 1, base.dtype, st))
+    return LazyOp(BufferOps.LOAD, (), MemBuffer(self.inputs.index(base), base.dtype, st))
 
-  def build(self, base: LazyBuffer, st: ShapeTracker, shared: bool, in_reduce: bool) -> LazyOp:
-    """The AST of `base`'s value seen through `st`. `shared`: a base between here and the root has several consumers."""
+  def build(self, base: LazyBuffer, st: ShapeTracker, shared: bool, enclosing: tuple[int, ...] | None) -> LazyOp:
+    """The AST of `base`'s value seen through `st`; `enclosing`: the axes of the innermost reduce whose input this is."""
+    key = (base, st, shared, enclosing, self.frame, self.row_axes)
+    if (built := self.built.get(key)) is None: self.built[key] = built = self._build(base, st, shared, enclosing)
+    return built
+
+  def _build(self, base: LazyBuffer, st: ShapeTracker, shared: bool, enclosing: tuple[int, ...] | None) -> LazyOp:
     scheduler = self.scheduler
-    row_reduce = False
-    if base is not self.root:
-      if base.realized is not None or base in scheduler.realizes: return self._load(base, st)
-      if base.op is LoadOps.CONST: return LazyOp(BufferOps.CONST, (), ConstBuffer(base.arg, base.dtype, st))
-      fusable_reduce = not (shared or in_reduce or self.reduce_shape is not None or self.row_axes is not None or not _is_plain_reshape(st))
-      row_reduce = isinstance(base.op, ReduceOps) and not fusable_reduce and self._is_row_reduce(base, st)
-      if isinstance(base.op, ReduceOps) and not (fusable_reduce or row_reduce) and prod(base.srcs[0].shape): return self._realize(base, st)
-      if base.op in UNSAFE_PAD_OPS and _has_mask(st): return self._realize(base, st)
-      if in_reduce and scheduler.consumers.get(base, 0) > 1 and _has_expand(st): return self._realize(base, st)
-    elif base.op is LoadOps.CONST: return LazyOp(BufferOps.CONST, (), ConstBuffer(base.arg, base.dtype, st))
-    shared = shared or (base is not self.root and scheduler.consumers.get(base, 0) > 1)
-    if isinstance(base.op, ReduceOps) and prod(base.srcs[0].shape) == 0:  # reducing nothing gives the reduce's identity
+    consumers = scheduler.consumers.get(base, 0)
+    stored = base in scheduler.scheduled or base in scheduler.no_store or scheduler.storing.get(base, self) is not self
+    decision = decide(base, Site(self.root, st, shared, enclosing, self.frame, self.row_axes), consumers, base in scheduler.realizes, stored)
+    self._explain(base, decision)
+    fusion = decision.fusion
+    if fusion is Fusion.REALIZE: scheduler.realize(base)
+    if fusion in (Fusion.LOAD, Fusion.REALIZE): return self._load(base, st)
+    if fusion is Fusion.CONST: return LazyOp(BufferOps.CONST, (), ConstBuffer(base.arg, base.dtype, st))
+    if fusion is Fusion.EMPTY_REDUCE:
       return LazyOp(BufferOps.CONST, (), ConstBuffer(0 if base.op is ReduceOps.SUM else dtypes.min(base.dtype), base.dtype, st))
-    if isinstance(base.op, ReduceOps):
-      if not row_reduce: self.reduce_shape = base.shape
-      src = base.srcs[0]
-      return LazyOp(base.op, (self.build(src.base, src.st, shared, in_reduce=True),), base.arg)
-    assert isinstance(base.op, ElementwiseOps), f"cannot inline {base.op} into a kernel"
-    return LazyOp(base.op, tuple(self.build(src.base, src.st + st, shared, in_reduce) for src in base.srcs), base.arg)
+    if decision.store is not None:
+      scheduler.realize(base)
+      scheduler.storing[base] = self
+    elif base is not self.root and (shared or consumers > 1): scheduler.recomputed.add(base)
+    shared = shared or (base is not self.root and consumers > 1)
+    if fusion is Fusion.REDUCE: self.frame = Frame(base.srcs[0].shape, base.arg)
+    if fusion is Fusion.ROW_REDUCE: self.row_axes = base.arg
+    assert base.op is not None, f"{base} is realized, so it is loaded"
+    if decision.store is not None: st = decision.store  # computed once per element it stores, whatever view reads it
+    if base.op in (LoadOps.ASSIGN, LoadOps.CONTIGUOUS): value = self.build(base.srcs[0].base, base.srcs[0].st + st, shared, enclosing)
+    elif isinstance(base.op, ReduceOps): value = LazyOp(base.op, (self.build(base.srcs[0].base, base.srcs[0].st, shared, base.arg),), base.arg)
+    else: value = LazyOp(base.op, tuple(self.build(src.base, src.st + st, shared, enclosing) for src in base.srcs), base.arg)
+    if decision.store is not None: self.also[base] = (value, decision.store)
+    return value
 
-  def _is_row_reduce(self, base: LazyBuffer, st: ShapeTracker) -> bool:
-    """Whether a reduce read back along its reduced axes by a kernel that stores its input's shape is computed in that kernel
-    (rule 7): exactly an expand of its result, the same reduced axes as the kernel's other row reduces, no other reduce. If so,
-    records its axes as the kernel's row axes."""
-    in_shape = base.srcs[0].shape
-    if st.shape != in_shape or self.root.shape != in_shape or self.reduce_shape is not None or self.row_axes not in (None, base.arg): return False
-    if st.views != ShapeTracker.from_shape(base.shape).expand(in_shape).views: return False
-    self.row_axes = base.arg
-    return True
+  def _explain(self, base: LazyBuffer, decision: Decision) -> None:
+    if self.explained is not None and base not in self.explained and decision.reason:
+      self.explained.add(base)
+      print(f"schedule: the kernel storing {_describe(self.root)} reads {_describe(base)}: {decision.fusion.name}, as {decision.reason}")
 
-  def _realize(self, base: LazyBuffer, st: ShapeTracker) -> LazyOp:
-    self.scheduler.realizes.add(base)
-    return self._load(base, st)
-
-  def _reshape_epilogue(self, node: LazyOp, shape: tuple[int, ...]) -> LazyOp:
-    if node.op in ReduceOps: return node
+def _reshape_epilogue(node: LazyOp, shape: tuple[int, ...], done: dict[LazyOp, LazyOp] | None = None) -> LazyOp:
+  """The epilogue (what lies outside every reduce) with its trackers reshaped to `shape`; each shared subtree once."""
+  done = {} if done is None else done
+  if node.op in ReduceOps: return node
+  if (reshaped := done.get(node)) is None:
     if node.op in (BufferOps.LOAD, BufferOps.CONST):
       buf = node.arg
-      return LazyOp(node.op, (), type(buf)(buf.idx if isinstance(buf, MemBuffer) else buf.val, buf.dtype, buf.st.reshape(shape)))
-    return LazyOp(node.op, tuple(self._reshape_epilogue(src, shape) for src in node.src), node.arg)
+      reshaped = LazyOp(node.op, (), type(buf)(buf.idx if isinstance(buf, MemBuffer) else buf.val, buf.dtype, buf.st.reshape(shape)))
+    else: reshaped = LazyOp(node.op, tuple(_reshape_epilogue(src, shape, done) for src in node.src), node.arg)
+    done[node] = reshaped
+  return reshaped
 
-def _order_assigns(items: list[ScheduleItem]) -> list[ScheduleItem]:
-  """Reorder so each item runs after the items it reads and each ASSIGN after every item that reads the old value."""
-  producer = {item.out: index for index, item in enumerate(items)}
+def _dependencies(items: list[ScheduleItem]) -> list[set[int]]:
+  """For each item, the items that must run before it: those it reads, and for an ASSIGN every other item that reads the old value."""
+  producer = {out: index for index, item in enumerate(items) for out in item.outs}
   after: list[set[int]] = [{producer[src] for src in item.inputs if src in producer} for item in items]
   for index, item in enumerate(items):
-    if item.out.op is not LoadOps.ASSIGN: continue
-    target = item.out.srcs[1]
-    after[index].update(other for other, reader in enumerate(items) if other != index and target in reader.inputs)
+    for target in (out.srcs[1] for out in item.outs if out.op is LoadOps.ASSIGN):
+      after[index].update(other for other, reader in enumerate(items) if other != index and target in reader.inputs)
+  return after
+
+def _ordered(items: list[ScheduleItem]) -> list[ScheduleItem]:
+  """Reorder so each item runs after the items it must (_dependencies), otherwise keeping the order."""
+  after = _dependencies(items)
   waiting = [len(deps) for deps in after]
   users: list[list[int]] = [[] for _ in items]
   for index, deps in enumerate(after):
@@ -173,6 +213,96 @@ def _order_assigns(items: list[ScheduleItem]) -> list[ScheduleItem]:
     raise RuntimeError("assign: the new value of a tensor is needed to compute something that also reads its old value; realize() one of them first")
   return order
 
+def _merge_siblings(items: list[ScheduleItem]) -> list[ScheduleItem]:
+  """Rule 9: kernels with the same loops that read a common input at least as large as their outputs, neither running before the
+  other, become one kernel with the stores of both (that input is then read once). Not contractions: a matmul's tile is chosen
+  for one accumulator set."""
+  after = _dependencies(items)
+  ancestors: list[int | None] = [None] * len(items)  # bitsets of the items each must run after, transitively
+  def ancestors_of(index: int) -> int:
+    if (known := ancestors[index]) is None:
+      known = 0
+      for dep in after[index]: known |= (1 << dep) | ancestors_of(dep)
+      ancestors[index] = known
+    return known
+  members: dict[int, list[int]] = {}
+  for group in _sibling_groups(items).values():
+    clusters: list[int] = []
+    for index in group:
+      for first in clusters:
+        bits = sum(1 << member for member in members[first])
+        if ancestors_of(first) >> index & 1 or ancestors_of(index) & bits or not _share_input(items[first], items[index]): continue
+        members[first].append(index)
+        merged = ancestors_of(first) | ancestors_of(index)
+        for other in range(len(items)):  # whatever ran after either now runs after the merged kernel and all it runs after
+          if ancestors_of(other) & (bits | 1 << index): ancestors[other] = ancestors_of(other) | merged | bits | 1 << index
+        ancestors[first] = ancestors[index] = merged
+        break
+      else:
+        clusters.append(index)
+        members[index] = [index]
+  if all(len(group) == 1 for group in members.values()): return items
+  merged_away = {index for group in members.values() for index in group[1:]}
+  return _ordered([_merged([items[m] for m in members[i]]) if i in members else item for i, item in enumerate(items) if i not in merged_away])
+
+def _sibling_groups(items: list[ScheduleItem]) -> dict[tuple, list[int]]:
+  """Kernel items by their loops: device, the shapes they store, and the frame of their reduces (contractions left out)."""
+  groups: dict[tuple, list[int]] = {}
+  for index, item in enumerate(items):
+    if item.ast.op is not BufferOps.SINK: continue
+    reduces = _top_reduces(item.ast)
+    frames = {(_full_shape(reduce), reduce.arg) for reduce in reduces}
+    if len(frames) > 1 or any(_is_contraction(reduce) for reduce in reduces): continue
+    groups.setdefault((item.outs[0].device, tuple(store.arg.st.shape for store in item.ast.src), tuple(frames)), []).append(index)
+  return groups
+
+def _share_input(first: ScheduleItem, second: ScheduleItem) -> bool:
+  size = prod(first.ast.src[0].arg.st.shape)
+  return any(prod(src.shape) >= size and src in second.inputs for src in first.inputs)
+
+def _top_reduces(node: LazyOp) -> list[LazyOp]:
+  return [node] if node.op in ReduceOps else [reduce for src in node.src for reduce in _top_reduces(src)]
+
+def _full_shape(node: LazyOp) -> tuple[int, ...]:
+  return tuple(max(sizes) for sizes in zip(*[leaf.arg.st.shape for leaf in node.walk() if leaf.op in (BufferOps.LOAD, BufferOps.CONST)]))
+
+def _is_contraction(reduce: LazyOp) -> bool:
+  """A reduce none of whose loads reads values without repeating them: every input is broadcast (a matmul)."""
+  loads = [leaf.arg.st for leaf in reduce.walk() if leaf.op is BufferOps.LOAD]
+  return bool(loads) and all(any(stride == 0 and size > 1 for view in st.views for stride, size in zip(view.strides, view.shape)) for st in loads)
+
+def _merged(items: list[ScheduleItem]) -> ScheduleItem:
+  """One kernel storing what `items` store, its buffers numbered anew: the outputs in order, then every distinct input."""
+  outs = tuple(out for item in items for out in item.outs)
+  inputs = tuple(dict.fromkeys(src for item in items for src in item.inputs))
+  stores: list[LazyOp] = []
+  for item in items:
+    numbers = [outs.index(out) for out in item.outs] + [len(outs) + inputs.index(src) for src in item.inputs]
+    stores += item.ast.map_buffers(lambda buf: MemBuffer(numbers[buf.idx], buf.dtype, buf.st) if isinstance(buf, MemBuffer) else buf).src
+  return ScheduleItem(LazyOp(BufferOps.SINK, tuple(stores)), outs, inputs)
+
 def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   """The kernels that compute `outs`, in an order where each runs after the kernels it reads."""
-  return Scheduler(outs).items
+  targets = [out.base for out in outs if out.base.realized is None]
+  consumers = _count_consumers(targets)
+  realizes = set(targets) | {base for base in consumers if isinstance(base.op, LoadOps) and base.op is not LoadOps.CONST}
+  no_store: set[LazyBuffer] = set()
+  targets.sort(key=lambda target: consumers[target] > 0)  # readers first: a target read by another is stored by its reader (rule 8)
+  while (scheduler := Scheduler(targets, consumers, realizes, no_store)).stale: pass
+  items = _merge_siblings(scheduler.items)
+  if any(out.op is LoadOps.ASSIGN for item in items for out in item.outs): items = _ordered(items)
+  return items
+
+def _count_consumers(targets: list[LazyBuffer]) -> dict[LazyBuffer, int]:
+  """How many bases read each unrealized base under `targets` (each reader once)."""
+  consumers = {base: 0 for base in targets}
+  stack, seen = list(targets), set(targets)
+  while stack:
+    base = stack.pop()
+    for src in dict.fromkeys(src.base for src in base.srcs):
+      if src.realized is not None: continue
+      consumers[src] = consumers.get(src, 0) + 1
+      if src not in seen:
+        seen.add(src)
+        stack.append(src)
+  return consumers

@@ -158,9 +158,10 @@ class NNMixin:
     log_probs = self.log_softmax(-1)
     counted = y != ignore_index
     one_hot = (y.unsqueeze(-1) == type(self).arange(classes, device=self.device)) * counted.unsqueeze(-1)
-    picked = (log_probs * one_hot).sum()
-    smoothing = (log_probs.mean(-1) * counted).sum()
-    return -((1 - label_smoothing) * picked + label_smoothing * smoothing) / counted.sum()
+    # the loss, and the count of labels that count (one_hot.sum(), which has the same loops), sum the same elements: one kernel
+    loss = (log_probs * one_hot).sum()
+    if label_smoothing: loss = (1 - label_smoothing) * loss + label_smoothing * (log_probs.mean(-1) * counted).sum()
+    return -loss / one_hot.sum()
 
   # ---- activations ----
   def tanh(self: Any) -> Any: return 2.0 * ((2.0 * self).sigmoid()) - 1.0
