@@ -41,7 +41,19 @@ PROGRAMS = {
   "layernorm_7x4x32": lambda: rand(7, 4, 32, seed=22).layernorm(axis=(1, 2)),
   "padded_input_sum": lambda: rand(13, 13, seed=19).pad(((1, 2), (0, 3))).sum(1),
   "half_sum_16x32": lambda: rand(16, 32, seed=20, dtype=np.float16).sum(1),
+  # several reduces and several outputs in one kernel
+  "row_stats_13x29": lambda: (lambda x: [x.sum(1), x.max(1), (x * x).sum(1)])(rand(13, 29, seed=23)),
+  "layernorm_train_7x32": lambda: _trained(rand(7, 32, seed=24), lambda x: x.layernorm()),
+  "cross_entropy_train_24x17": lambda: _trained(rand(24, 17, seed=25), lambda x: x.sparse_categorical_crossentropy(Tensor(np.arange(24) % 17))),
 }
+
+def _trained(x: Tensor, f) -> list[Tensor]:
+  """f(x) and the gradient of a weighted sum of it: the forward and backward kernels of a train step."""
+  x.requires_grad = True
+  out = f(x)
+  (out * rand(*out.shape, seed=26)).sum().backward()
+  assert x.grad is not None
+  return [out, x.grad]
 
 def random_opts(ast, target, rng: random.Random, actions: list[Opt] = ACTIONS) -> list[Opt]:
   """A random list of Opts from `actions`, each legal after the ones before it."""
@@ -66,7 +78,8 @@ def test_random_opts_match_unoptimized(name, tinyc_device):
   device = Device.DEFAULT
   lists = int(os.environ.get("OPT_FUZZ_LISTS", "4"))
   rng = random.Random(name)
-  schedule = create_schedule([PROGRAMS[name]().lazydata])
+  outs = PROGRAMS[name]()
+  schedule = create_schedule([out.lazydata for out in (outs if isinstance(outs, list) else [outs])])
   tried = 0
   for item in schedule:
     if item.ast.op not in LoadOps:
@@ -88,3 +101,11 @@ def test_illegal_opts_raise_and_leave_the_kernel_alone():
               Opt(OptOps.UNROLL, 0, 128), Opt(OptOps.PADTO, 0, 13), Opt(OptOps.UPCAST, 0, 1)]:
     with pytest.raises(KernelOptError): kernel.apply_opt(opt)  # the CPU has no work-groups; 5 does not divide 13; 13 is already a multiple...
     assert (kernel.full_shape, kernel.sts, kernel.kinds, kernel.owners) == before and kernel.applied_opts == []
+
+def test_the_programs_include_kernels_with_several_reduces_and_outputs():
+  kernels = [Kernel(item.ast) for name in ("row_stats_13x29", "layernorm_train_7x32", "cross_entropy_train_24x17")
+             for item in create_schedule([out.lazydata for out in PROGRAMS[name]()]) if item.ast.op not in LoadOps]
+  assert any(kernel.n_outputs > 1 for kernel in kernels) and any(len(kernel.reduceops) > 2 for kernel in kernels)
+  nested = [kernel for kernel in kernels if any(other in reduceop.src[0].walk() for reduceop in kernel.reduceops for other in kernel.reduceops
+                                                if other is not reduceop)]
+  assert nested, "a reduce inside another's input (cross-entropy's mean over rows of row reduces)"
