@@ -109,10 +109,11 @@ class KernelBuilder:
       reshaped: dict[LazyOp, LazyOp] = {}
       stores = [(base, _reshape_epilogue(value, reduce_shape, reshaped), view.reshape(reduce_shape)) for base, value, view in stores]
     self.outs = [base for base, _, _ in stores]
-    def number(buf: MemBuffer | None) -> MemBuffer | None:  # inputs were numbered from 0 as they came: they follow the outputs
-      return MemBuffer(buf.idx + len(stores), buf.dtype, buf.st) if isinstance(buf, MemBuffer) else buf
+    def number(buf: MemBuffer | None) -> MemBuffer | None:  # inputs were numbered from 1 as they came: they follow the outputs
+      return MemBuffer(buf.idx + len(stores) - 1, buf.dtype, buf.st) if isinstance(buf, MemBuffer) else buf
     numbered: dict[LazyOp, LazyOp] = {}
-    self.ast = LazyOp(BufferOps.SINK, tuple(LazyOp(BufferOps.STORE, (value.map_buffers(number, numbered),), MemBuffer(index, base.dtype, view))
+    def renumbered(value: LazyOp) -> LazyOp: return value if len(stores) == 1 else value.map_buffers(number, numbered)
+    self.ast = LazyOp(BufferOps.SINK, tuple(LazyOp(BufferOps.STORE, (renumbered(value),), MemBuffer(index, base.dtype, view))
                                             for index, (base, value, view) in enumerate(stores)))
 
   def reads_through_another_view(self, out: LazyBuffer) -> bool:
@@ -132,10 +133,11 @@ class KernelBuilder:
   def _load(self, base: LazyBuffer, st: ShapeTracker) -> LazyOp:
     self.scheduler.schedule(base)
     if base not in self.inputs: self.inputs.append(base)
-    return LazyOp(BufferOps.LOAD, (), MemBuffer(self.inputs.index(base), base.dtype, st))
+    return LazyOp(BufferOps.LOAD, (), MemBuffer(self.inputs.index(base) + 1, base.dtype, st))
 
   def build(self, base: LazyBuffer, st: ShapeTracker, shared: bool, enclosing: tuple[int, ...] | None) -> LazyOp:
     """The AST of `base`'s value seen through `st`; `enclosing`: the axes of the innermost reduce whose input this is."""
+    if self.scheduler.consumers.get(base, 0) <= 1: return self._build(base, st, shared, enclosing)  # reached again only through its reader
     key = (base, st, shared, enclosing, self.frame, self.row_axes)
     if (built := self.built.get(key)) is None: self.built[key] = built = self._build(base, st, shared, enclosing)
     return built
@@ -289,7 +291,7 @@ def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   no_store: set[LazyBuffer] = set()
   targets.sort(key=lambda target: consumers[target] > 0)  # readers first: a target read by another is stored by its reader (rule 8)
   while (scheduler := Scheduler(targets, consumers, realizes, no_store)).stale: pass
-  items = _merge_siblings(scheduler.items)
+  items = _merge_siblings(scheduler.items) if len(scheduler.items) > 1 else scheduler.items
   if any(out.op is LoadOps.ASSIGN for item in items for out in item.outs): items = _ordered(items)
   return items
 
