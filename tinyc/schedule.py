@@ -283,9 +283,39 @@ def _merged(items: list[ScheduleItem]) -> ScheduleItem:
     stores += item.ast.map_buffers(lambda buf: MemBuffer(numbers[buf.idx], buf.dtype, buf.st) if isinstance(buf, MemBuffer) else buf).src
   return ScheduleItem(LazyOp(BufferOps.SINK, tuple(stores)), outs, inputs)
 
+PLANS_KEPT = 4096
+_plans: dict[tuple, list[tuple[LazyOp, tuple[int, ...], tuple[int, ...]]]] = {}  # structure -> items, bases named by position
+
 def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
-  """The kernels that compute `outs`, in an order where each runs after the kernels it reads."""
+  """The kernels that compute `outs`, in an order where each runs after the kernels it reads. A graph of a structure scheduled
+  before (the same ops, args, views, dtypes and devices, realized inputs aliased alike; not the data) reuses that plan."""
   targets = [out.base for out in outs if out.base.realized is None]
+  if DEBUG >= 3: return _schedule(targets)  # the decisions are printed as they are made
+  key, bases = _structure(targets)
+  if (plan := _plans.get(key)) is None:
+    position = {base: index for index, base in enumerate(bases)}
+    plan = [(item.ast, tuple(position[out] for out in item.outs), tuple(position[src] for src in item.inputs)) for item in _schedule(targets)]
+    _plans[key] = plan
+    if len(_plans) > PLANS_KEPT: del _plans[next(iter(_plans))]
+  return [ScheduleItem(ast, tuple(bases[i] for i in outs), tuple(bases[i] for i in inputs)) for ast, outs, inputs in plan]
+
+def _structure(targets: list[LazyBuffer]) -> tuple[tuple, list[LazyBuffer]]:
+  """The graph under `targets` as a key naming each base by its position in a walk (not by identity or data), and the bases."""
+  position: dict[LazyBuffer, int] = {}
+  bases: list[LazyBuffer] = []
+  entries: list[tuple] = []
+  def visit(base: LazyBuffer) -> int:
+    if (known := position.get(base)) is not None: return known
+    if base.realized is not None: entry: tuple = (base.dtype, base.device, base.shape)  # an input: only what it holds
+    else: entry = (base.op, base.arg, base.dtype, base.device, base.shape, tuple((visit(src.base), src.st) for src in base.srcs))
+    position[base] = len(bases)
+    bases.append(base)
+    entries.append(entry)
+    return position[base]
+  roots = tuple(visit(target) for target in targets)
+  return (roots, tuple(entries)), bases
+
+def _schedule(targets: list[LazyBuffer]) -> list[ScheduleItem]:
   consumers = _count_consumers(targets)
   realizes = set(targets) | {base for base in consumers if isinstance(base.op, LoadOps) and base.op is not LoadOps.CONST}
   no_store: set[LazyBuffer] = set()
