@@ -47,7 +47,10 @@ class AxisKind(Enum):
 
 REDUCE_SIDE = (AxisKind.GROUP, AxisKind.REDUCE, AxisKind.UNROLL)
 LANES = (AxisKind.UPCAST, AxisKind.UNROLL)
-LAYOUT_ORDER = (AxisKind.GLOBAL, AxisKind.LOCAL, AxisKind.GROUP, AxisKind.REDUCE)  # then the lanes, in the order they were made
+SPLIT_KINDS = {OptOps.UPCAST: AxisKind.UPCAST, OptOps.UNROLL: AxisKind.UNROLL, OptOps.LOCAL: AxisKind.LOCAL, OptOps.GROUP: AxisKind.GROUP,
+               OptOps.GROUPTOP: AxisKind.GROUP}  # the kind of the axis an Opt splits off
+# the layout, outermost first: [GLOBAL | LOCAL | GROUP | REDUCE | UPCAST and UNROLL in the order they were made]
+LAYOUT_RANK = {AxisKind.GLOBAL: 0, AxisKind.LOCAL: 1, AxisKind.GROUP: 2, AxisKind.REDUCE: 3, AxisKind.UPCAST: 4, AxisKind.UNROLL: 4}
 KIND_COLORS = {AxisKind.GLOBAL: "blue", AxisKind.LOCAL: "cyan", AxisKind.UPCAST: "yellow", AxisKind.GROUP: "green",
                AxisKind.REDUCE: "red", AxisKind.UNROLL: "magenta"}
 
@@ -97,7 +100,7 @@ class Kernel:
     self.dont_use_locals = False
     self.staged: tuple[int, ...] = ()  # buffer numbers read through local memory
     self.applied_opts: list[Opt] = []
-    self._permute(sorted(range(self.shape_len), key=lambda axis: self.kinds[axis] is AxisKind.REDUCE))
+    self._sort_layout()
     self._drop_size_one_axes()
     self._merge_adjacent_axes()
 
@@ -149,8 +152,7 @@ class Kernel:
     return prod(self.full_shape[axis] for axis in self.value_axes(reduceop) if self.kinds[axis] in LANES)
   @property
   def local_memory_bytes(self) -> int:
-    """Local memory the group reduces need (a partial result per thread and result, for each reduce a GROUP splits) and the two
-    tiles of each staged input."""
+    """Local memory for the group reduces (a partial result per thread and result of each reduce a GROUP splits) and staged tiles."""
     grouped = {number for axis in self.axes(AxisKind.GROUP) for number in self.owners[axis]}
     partials = sum(self.local_size * self.partial_lanes(self.reduceops[number]) * self.reduceops[number].dtype.itemsize for number in grouped)
     return partials + sum(2 * prod(self.full_shape[axis] for axis in self.tile_axes(number)) * self.bufs[number].dtype.itemsize
@@ -168,62 +170,57 @@ class Kernel:
     return f"{sizes}   {kinds}"
 
   # ---- reshaping every tracker at once ----
-  def reshape_and_permute(self, new_shape_fn: Callable[[tuple[int, ...]], list[int]] | None, order: Sequence[int] | None) -> None:
-    """Apply the same reshape (new_shape_fn maps a tracker's shape to its new shape) and permute to every buffer."""
-    new_sts = []
-    for st in self.sts:
-      if new_shape_fn is not None: st = st.reshape(tuple(new_shape_fn(st.shape)))
-      if order is not None: st = st.permute(tuple(order))
-      new_sts.append(st)
-    self.sts = new_sts
-    if new_shape_fn is not None: self.full_shape = tuple(new_shape_fn(self.full_shape))
-    if order is not None: self.full_shape = tuple(self.full_shape[i] for i in order)
+  def _reshape(self, new_shape: Callable[[tuple[int, ...]], list[int]], sources: Sequence[int]) -> None:
+    """Reshape every tracker (and the full shape) by `new_shape`; new axis i has the kind and owners of old axis sources[i]."""
+    self.sts = [st.reshape(tuple(new_shape(st.shape))) for st in self.sts]
+    self.full_shape = tuple(new_shape(self.full_shape))
+    self.kinds, self.owners = tuple(self.kinds[i] for i in sources), tuple(self.owners[i] for i in sources)
 
   def _permute(self, order: Sequence[int]) -> None:
     if list(order) == list(range(self.shape_len)): return
-    self.reshape_and_permute(None, order)
+    self.sts = [st.permute(tuple(order)) for st in self.sts]
+    self.full_shape = tuple(self.full_shape[i] for i in order)
     self.kinds, self.owners = tuple(self.kinds[i] for i in order), tuple(self.owners[i] for i in order)
+
+  def _sort_layout(self, moved: int | None = None) -> None:
+    """Order the axes by LAYOUT_RANK, each kind's axes as they were except `moved`, which goes last among its kind."""
+    self._permute(sorted(range(self.shape_len), key=lambda axis: (LAYOUT_RANK[self.kinds[axis]], axis == moved, axis)))
 
   def limit_global_dims(self, limit: int) -> None:
     """Merge the leading GLOBAL axes so at most `limit` remain (GPUs launch at most 3 dimensions of work-groups)."""
     if len(self.axes(AxisKind.GLOBAL)) <= limit: return
     merged = len(self.axes(AxisKind.GLOBAL)) - limit + 1
-    self.reshape_and_permute(lambda shape: [prod(shape[:merged])] + list(shape[merged:]), None)
-    self.kinds, self.owners = self.kinds[merged - 1:], self.owners[merged - 1:]
+    self._reshape(lambda shape: [prod(shape[:merged])] + list(shape[merged:]), range(merged - 1, self.shape_len))
 
-  def shift_to(self, axis: int, amount: int, kind: AxisKind, top: bool = False, insert_before: int | None = None) -> None:
-    """Split `axis` into (size // amount, amount), or (amount, size // amount) with `top`, and move the `amount` part, now of
-    `kind`, to just before axis `insert_before` (default: the end, the last lane axis). Axes of size 1 split into (1, 1)."""
-    if insert_before is None: insert_before = self.shape_len
-    moved = axis if top else axis + 1
-    if moved < insert_before: insert_before += 1
+  def shift_to(self, axis: int, amount: int, kind: AxisKind, top: bool = False) -> None:
+    """Split `axis` into (size // amount, amount), or (amount, size // amount) with `top`: the `amount` part becomes the last axis
+    of `kind`. Axes of size 1 split into (1, 1)."""
     def split(shape: tuple[int, ...]) -> list[int]:
       parts = ([amount, shape[axis] // amount] if top else [shape[axis] // amount, amount]) if shape[axis] != 1 else [1, 1]
       return list(shape[:axis]) + parts + list(shape[axis + 1:])
-    order = [i for i in range(insert_before) if i != moved] + [moved] + [i for i in range(insert_before, self.shape_len + 1) if i != moved]
-    self.reshape_and_permute(split, order)
-    kinds, owners = list(self.kinds), list(self.owners)
-    kinds.insert(axis + 1, kind if not top else kinds[axis])
-    kinds[axis] = kind if top else kinds[axis]
-    owners.insert(axis, owners[axis])
-    self.kinds, self.owners = tuple(kinds[i] for i in order), tuple(owners[i] for i in order)
+    self._reshape(split, [*range(axis + 1), *range(axis, self.shape_len)])
+    moved = axis if top else axis + 1
+    self.kinds = tuple(kind if i == moved else old for i, old in enumerate(self.kinds))
+    self._sort_layout(moved)
 
   # ---- optimizations ----
   def apply_opt(self, opt: Opt) -> None:
     """Apply one optimization, or raise KernelOptError and change nothing."""
-    saved = (self.sts, self.full_shape, self.kinds, self.owners, self.dont_use_locals, self.staged)
+    saved = dict(vars(self))  # every field but the Opt list is replaced on change, never mutated
     try:
       self._apply(opt)
       self._check_limits(opt)
     except KernelOptError:
-      self.sts, self.full_shape, self.kinds, self.owners, self.dont_use_locals, self.staged = saved
+      vars(self).update(saved)
       raise
     self.applied_opts.append(opt)
 
   def _apply(self, opt: Opt) -> None:
-    if opt.op is OptOps.NOLOCALS:
+    if opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.NOLOCALS, OptOps.STAGE):
       _check(self.target.has_local, opt, "this device has no work-groups")
-      _check(not self.dont_use_locals and not self.axes(AxisKind.LOCAL, AxisKind.GROUP), opt, "the kernel already chose its locals")
+      _check(not self.dont_use_locals, opt, "NOLOCALS was applied")
+    if opt.op is OptOps.NOLOCALS:
+      _check(not self.axes(AxisKind.LOCAL, AxisKind.GROUP), opt, "the kernel already chose its locals")
       self.dont_use_locals = True
       return
     if opt.op is OptOps.STAGE: return self._stage(opt)
@@ -236,18 +233,11 @@ class Kernel:
     if opt.op is OptOps.PADTO: return self._pad_to(opt, axis, size)
     amount = size if opt.amount == 0 else opt.amount
     _check(amount > 1 and size % amount == 0, opt, f"amount {amount} must be > 1 and divide the axis size {size}")
-    if opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
-      _check(self.target.has_local, opt, "this device has no work-groups")
-      _check(not self.dont_use_locals, opt, "NOLOCALS was applied")
     if opt.op in (OptOps.GROUP, OptOps.GROUPTOP):
       _check(all(self.owners[group] == self.owners[axis] for group in self.axes(AxisKind.GROUP)), opt,
              "every GROUP axis of a kernel must split the same reduces (their threads are shared)")
-      self.shift_to(axis, amount, AxisKind.GROUP, top=opt.op is OptOps.GROUPTOP, insert_before=self.axes(AxisKind.REDUCE)[0])
-    elif opt.op is OptOps.LOCAL: self.shift_to(axis, amount, AxisKind.LOCAL, insert_before=self._first_of(AxisKind.GROUP, AxisKind.REDUCE, *LANES))
-    else: self.shift_to(axis, amount, AxisKind.UPCAST if opt.op is OptOps.UPCAST else AxisKind.UNROLL)
+    self.shift_to(axis, amount, SPLIT_KINDS[opt.op], top=opt.op is OptOps.GROUPTOP)
     if amount == size: self._drop_size_one_axes()
-
-  def _first_of(self, *kinds: AxisKind) -> int: return next((axis for axis, kind in enumerate(self.kinds) if kind in kinds), self.shape_len)
 
   def _pad_to(self, opt: Opt, axis: int, size: int) -> None:
     padded = -(-size // opt.amount) * opt.amount if opt.amount > 1 else size
@@ -264,7 +254,6 @@ class Kernel:
 
   def _stage(self, opt: Opt) -> None:
     number = opt.axis
-    _check(self.target.has_local and not self.dont_use_locals, opt, "staging needs work-groups")
     _check(opt.amount == 0, opt, "STAGE takes amount 0")
     _check(self.n_outputs <= number < len(self.bufs) and isinstance(self.bufs[number], MemBuffer), opt,
            f"buffer {number} is not an input of this kernel (its inputs are {self.n_outputs}..{len(self.bufs) - 1}, constants excluded)")
@@ -297,19 +286,14 @@ class Kernel:
   def _drop_size_one_axes(self) -> None:
     if 1 not in self.full_shape: return
     keep = [axis for axis, size in enumerate(self.full_shape) if size != 1] or [0]
-    self.reshape_and_permute(lambda shape: [shape[axis] for axis in keep], None)
-    self.kinds, self.owners = tuple(self.kinds[axis] for axis in keep), tuple(self.owners[axis] for axis in keep)
+    self._reshape(lambda shape: [shape[axis] for axis in keep], keep)
 
   def _merge_adjacent_axes(self) -> None:
-    """Merge neighbouring axes of one kind and owners wherever every buffer walks them as one (stride[i] == stride[i+1] * size[i+1],
-    unmasked)."""
-    axis = self.shape_len - 2
-    while axis >= 0:
+    """Merge neighbouring axes of one kind and owners that every buffer walks as one (unmasked, stride[i] == stride[i+1] * size[i+1])."""
+    for axis in reversed(range(self.shape_len - 1)):  # from the innermost pair: a merge leaves the axes before it where they were
       if self._can_merge(axis):
         merged = lambda shape, a=axis: list(shape[:a]) + [shape[a] * shape[a + 1]] + list(shape[a + 2:])  # noqa: E731
-        self.reshape_and_permute(merged, None)
-        self.kinds, self.owners = self.kinds[:axis + 1] + self.kinds[axis + 2:], self.owners[:axis + 1] + self.owners[axis + 2:]
-      axis -= 1
+        self._reshape(merged, [i for i in range(self.shape_len) if i != axis + 1])
 
   def _can_merge(self, axis: int) -> bool:
     if (self.kinds[axis], self.owners[axis]) != (self.kinds[axis + 1], self.owners[axis + 1]) or self.kinds[axis] in LANES: return False
@@ -324,7 +308,7 @@ class Kernel:
     """A readable kernel name: r_ for a reduce, E_ for elementwise, then the axis sizes (output axes, reduce axes, lanes)."""
     prefix = "r" if self.reduceops else "E"
     sizes = [str(size) for size in self.full_shape]
-    if self.reduceops: sizes.insert(self._first_of(*REDUCE_SIDE, *LANES), "")
+    if self.reduceops: sizes.insert((self.axes(*REDUCE_SIDE, *LANES) or [self.shape_len])[0], "")
     if lanes := self.axes(*LANES): sizes.insert(lanes[0] + bool(self.reduceops), "")
     return to_function_name(f"{prefix}_{'_'.join(sizes)}".replace("__", "_"))
 
