@@ -23,57 +23,54 @@ from tinyc.codegen.kernel import MAX_UPCAST, AxisKind, Kernel, KernelOptError, O
 def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   """Apply the heuristic's Opts to `kernel` and return them (none with NOOPT=1)."""
   if NOOPT: return []
-  if kernel.target.has_local: return _gpu_optimizations(kernel)
-  if not kernel.axes(AxisKind.REDUCE): return []  # elementwise loops are vectorized by LLVM as they are
-  # strides ignoring masks: a padded input still walks memory with these strides where it is valid
   inputs = [i for i, buf in enumerate(kernel.bufs) if isinstance(buf, MemBuffer) and buf.idx != 0]
-  def strides(i: int) -> tuple[int | None, ...]: return kernel.sts[i].real_strides(ignore_valid=True)
+  if kernel.target.has_local: _gpu_optimizations(kernel, inputs)
+  elif kernel.axes(AxisKind.REDUCE): _cpu_optimizations(kernel, inputs)  # (elementwise loops are vectorized by LLVM as they are)
+  return kernel.applied_opts
+
+def _strides(kernel: Kernel, number: int) -> tuple[int | None, ...]:
+  """Buffer `number`'s strides ignoring masks: a padded input still walks memory with these strides where it is valid."""
+  return kernel.sts[number].real_strides(ignore_valid=True)
+
+def _cpu_optimizations(kernel: Kernel, inputs: list[int]) -> None:
   innermost_reduce = kernel.axes(AxisKind.REDUCE)[-1]
-  if kernel.full_shape[innermost_reduce] >= 16 and all(strides(i)[innermost_reduce] in (0, 1) for i in inputs):
+  if kernel.full_shape[innermost_reduce] >= 16 and all(_strides(kernel, i)[innermost_reduce] in (0, 1) for i in inputs):
     # LLVM vectorizes a long contiguous reduce loop by itself: tile two broadcast axes for reuse
     for _ in range(2): _try_upcast(kernel, _broadcast_axes(kernel, inputs), (4,))
-    return kernel.applied_opts
+    return
   # vectorize across the output's contiguous axis, then reuse each vector load across a tile of an axis it is broadcast along
-  contiguous = [axis for axis in kernel.axes(AxisKind.GLOBAL) if strides(0)[axis] == 1 and any(strides(i)[axis] == 1 for i in inputs)]
-  if _try_upcast(kernel, contiguous, (16, 8, 4, 0)) is None: return kernel.applied_opts
-  vector_loaded = [i for i in inputs if kernel.sts[i].real_strides(ignore_valid=True)[-1] == 1]
+  contiguous = [axis for axis in kernel.axes(AxisKind.GLOBAL)
+                if _strides(kernel, 0)[axis] == 1 and any(_strides(kernel, i)[axis] == 1 for i in inputs)]
+  if _try_upcast(kernel, contiguous, (16, 8, 4, 0)) is None: return
+  vector_loaded = [i for i in inputs if _strides(kernel, i)[-1] == 1]
   lanes_left = min(MAX_UPCAST, kernel.target.max_upcast) // kernel.upcast_size
   amounts = tuple(a for a in (8, 4, 2) if a <= lanes_left)
   if _try_upcast(kernel, _broadcast_axes(kernel, vector_loaded), amounts) is None: _try_upcast(kernel, _broadcast_axes(kernel, inputs), amounts)
-  return kernel.applied_opts
 
 def _broadcast_axes(kernel: Kernel, inputs: list[int]) -> list[int]:
   """GLOBAL axes along which one of `inputs` stays put: upcasting one reuses each load of it across the lanes. (GLOBAL axes come
   first in the layout, so an axis is also its number in UPCAST and LOCAL Opts.)"""
-  return [axis for axis in kernel.axes(AxisKind.GLOBAL)
-          if kernel.full_shape[axis] > 1 and any(kernel.sts[i].real_strides(ignore_valid=True)[axis] == 0 for i in inputs)]
+  return [axis for axis in kernel.axes(AxisKind.GLOBAL) if kernel.full_shape[axis] > 1 and any(_strides(kernel, i)[axis] == 0 for i in inputs)]
 
 def _try_upcast(kernel: Kernel, axes: list[int], amounts: tuple[int, ...]) -> int | None:
-  """Upcast the last of `axes` that takes one of `amounts` (the first that divides it; 0 is the whole axis if it is <= 16).
-  Returns the axis, or None when none could be upcast."""
+  """Upcast the last of `axes` that takes one of `amounts` (the first that divides it; 0, the whole axis, only up to 16): that axis."""
   for axis in reversed(axes):
     for amount in amounts:
-      if amount == 0 and kernel.full_shape[axis] > 16: continue
-      try:
-        kernel.apply_opt(Opt(OptOps.UPCAST, axis, amount))
-        return axis
-      except KernelOptError: continue
+      if (amount != 0 or kernel.full_shape[axis] <= 16) and _try(kernel, Opt(OptOps.UPCAST, axis, amount)): return axis
   return None
 
 GPU_THREADS = 1 << 18  # threads that keep an H200 busy (132 SMs x 2048)
 
-def _gpu_optimizations(kernel: Kernel) -> list[Opt]:
-  inputs = [i for i, buf in enumerate(kernel.bufs) if isinstance(buf, MemBuffer) and buf.idx != 0]
-  def strides(i: int) -> tuple[int | None, ...]: return kernel.sts[i].real_strides(ignore_valid=True)
+def _gpu_optimizations(kernel: Kernel, inputs: list[int]) -> None:
   outputs = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GLOBAL, AxisKind.LOCAL))
   if not kernel.axes(AxisKind.REDUCE):
-    contiguous = [axis for axis in kernel.axes(AxisKind.GLOBAL) if strides(0)[axis] == 1]
+    contiguous = [axis for axis in kernel.axes(AxisKind.GLOBAL) if _strides(kernel, 0)[axis] == 1]
     _try_upcast(kernel, contiguous[-1:], (4,))
-    return kernel.applied_opts
+    return
   last_reduce, last_number = kernel.axes(AxisKind.REDUCE)[-1], len(kernel.axes(AxisKind.REDUCE)) - 1  # UNROLL and GROUP count REDUCE axes
   reduce_size = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GROUP, AxisKind.REDUCE))
   if (outputs * 16 < GPU_THREADS or kernel.stores_rows) and reduce_size >= 256:  # few outputs (or rows): each becomes a work-group
-    if any(strides(i)[last_reduce] == 1 for i in inputs): _try(kernel, Opt(OptOps.UNROLL, last_number, 4))
+    if any(_strides(kernel, i)[last_reduce] == 1 for i in inputs): _try(kernel, Opt(OptOps.UNROLL, last_number, 4))
     # a row kernel walks its row several times: about 16 elements a thread each time (measured on the H200: softmax rows of 8192
     # ran in 146 us with 512 threads against 166 with 256; rows of 1024 and 512 were fastest with 64-128 and 32-64 threads)
     largest = max(32, min(512, reduce_size // 16)) if kernel.stores_rows else 256
@@ -83,15 +80,15 @@ def _gpu_optimizations(kernel: Kernel) -> list[Opt]:
       if any(_try(kernel, Opt(OptOps.GROUP, number, amount)) for amount in amounts): break
     # then a short loop left over is unrolled whole: its loads all go out at once (the H200 sum of 64M: 94% of copy against 91%)
     if (loops := kernel.axes(AxisKind.REDUCE)) and kernel.full_shape[loops[-1]] <= 16: _try(kernel, Opt(OptOps.UNROLL, len(loops) - 1, 0))
-    return kernel.applied_opts
+    return
   # register tile: 4 lanes along two axes that an input is broadcast along, the axes where the most input data is reused first.
   # A big matmul (>= 1024 products per output, both axes >= 256) gets 8x8 tiles and stages its inputs (see _stage_big_matmul);
   # where that does not apply, 8x8 tiles with an unroll of 4 and 4x8 work-groups (32 TFLOP/s at 4096 on the H200, against 22.5
   # for 4x4 tiles in 16x16 work-groups).
-  def reuse(axis: int) -> int: return sum(kernel.sts[i].real_size() for i in inputs if strides(i)[axis] == 0)
+  def reuse(axis: int) -> int: return sum(kernel.sts[i].real_size() for i in inputs if _strides(kernel, i)[axis] == 0)
   candidates = [axis for axis in _broadcast_axes(kernel, inputs) if kernel.full_shape[axis] >= 16]
   big = reduce_size >= 1024 and len(candidates) >= 2 and all(kernel.full_shape[axis] >= 256 for axis in candidates)
-  if big and len(candidates) == 2 and _stage_big_matmul(kernel, candidates, inputs): return kernel.applied_opts
+  if big and len(candidates) == 2 and _stage_big_matmul(kernel, candidates, inputs): return
   tiled: list[int] = []
   for _ in range(2):
     candidates = [axis for axis in _broadcast_axes(kernel, inputs) if kernel.full_shape[axis] >= 16 and axis not in tiled]
@@ -113,7 +110,6 @@ def _gpu_optimizations(kernel: Kernel) -> list[Opt]:
   for axis, amount in plan:
     size = kernel.full_shape[axis - consumed]
     if _try(kernel, Opt(OptOps.LOCAL, axis - consumed, amount)) and amount == size: consumed += 1
-  return kernel.applied_opts
 
 def _stage_big_matmul(kernel: Kernel, axes: list[int], inputs: list[int]) -> bool:
   """The plan of a fast SGEMM, if every step applies: a work-group of 8 x 16 threads computes a 64 x 128 block of the output,
