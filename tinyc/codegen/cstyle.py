@@ -7,7 +7,7 @@ registers (the dialect converts at loads and stores), so every backend rounds th
 """
 from __future__ import annotations
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 from tinyc.dtype import DType, dtypes
 from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
@@ -52,8 +52,6 @@ class CStyleDialect:
   prelude: str = ""
   infinity: str = "INFINITY"
   nan: str = "NAN"
-  keep_integer_max_loops_rolled: bool = False  # see CUDA_DIALECT
-  extra: dict[str, Any] = field(default_factory=dict)
 
 _COMMON_TYPES = {dtypes.bool: "bool", dtypes.int8: "char", dtypes.uint8: "unsigned char", dtypes.int16: "short", dtypes.uint16: "unsigned short",
                  dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.float32: "float", dtypes.float64: "double",
@@ -65,7 +63,7 @@ CUDA_DIALECT = CStyleDialect(
   "CUDA", 'extern "C" __global__ ', "", lambda d: f"(blockIdx.{_XYZ[d]}*blockDim.{_XYZ[d]}+threadIdx.{_XYZ[d]})",
   lambda d: f"threadIdx.{_XYZ[d]}", lambda d: f"blockIdx.{_XYZ[d]}", "__shared__ ", "__syncthreads();",
   {**_COMMON_TYPES, dtypes.int64: "long long", dtypes.uint64: "unsigned long long"},
-  {dtypes.float16: "unsigned short", dtypes.bfloat16: "unsigned short", dtypes.bool: "bool"},
+  {dtypes.float16: "unsigned short", dtypes.bfloat16: "unsigned short"},
   # half <-> float with the conversion instructions directly: no header needed, so NVRTC works without a CUDA toolkit
   lambda ptr, idx: f"__half_bits_to_float({ptr}[{idx}])", lambda ptr, idx, value: f"{ptr}[{idx}] = __float_to_half_bits({value});",
   lambda bits: f"__uint_as_float({bits})", lambda value: f"__float_as_uint({value})",
@@ -77,15 +75,12 @@ CUDA_DIALECT = CStyleDialect(
            "  float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f;\n}\n"
            "__device__ inline unsigned short __float_to_half_bits(float f) {\n"
            "  unsigned short h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h;\n}\n"),
-  infinity="__int_as_float(0x7f800000)", nan="__int_as_float(0x7fc00000)",
-  # ptxas (CUDA 13, sm_90) miscompiles an unrolled chain of integer negate + max: `(-x).max(1)` over 50 ints gave wrong values
-  # from correct PTX, through NVRTC and through the driver's JIT alike, and right ones with the loop kept rolled
-  keep_integer_max_loops_rolled=True)
+  infinity="__int_as_float(0x7f800000)", nan="__int_as_float(0x7fc00000)")
 
 OPENCL_DIALECT = CStyleDialect(
   "OpenCL", "__kernel ", "__global ", lambda d: f"(int)get_global_id({d})",
   lambda d: f"(int)get_local_id({d})", lambda d: f"(int)get_group_id({d})", "__local ", "barrier(CLK_LOCAL_MEM_FENCE);",
-  {**_COMMON_TYPES, dtypes.int64: "long", dtypes.uint64: "unsigned long", dtypes.uint8: "uchar", dtypes.int8: "char"},
+  {**_COMMON_TYPES, dtypes.int64: "long", dtypes.uint64: "unsigned long", dtypes.uint8: "uchar"},
   {dtypes.float16: "half", dtypes.bfloat16: "ushort", dtypes.bool: "uchar"},  # OpenCL has no bool buffers; half pointers need no extension
   lambda ptr, idx: f"vload_half({idx}, {ptr})", lambda ptr, idx, value: f"vstore_half({value}, {idx}, {ptr});",
   lambda bits: f"as_float({bits})", lambda value: f"as_uint({value})",
@@ -94,8 +89,7 @@ OPENCL_DIALECT = CStyleDialect(
   lambda bits: f"as_double({bits})", lambda value: f"as_ulong({value})",
   lambda value, name: f"ushort {name}; vstore_half({value}, 0, (__private half*)&{name});",
   lambda name: f"vload_half(0, (__private const half*)&{name})",
-  prelude="#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n",
-  keep_integer_max_loops_rolled=True)  # NVIDIA's OpenCL compiles through the same ptxas
+  prelude="#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n")
 
 class CStyleRenderer:
   """Renders one kernel's UOps in a dialect. Use through render_cuda / render_opencl."""
@@ -130,13 +124,10 @@ class CStyleRenderer:
       return text if dtype != dtypes.float64 else f"(double)({text})"
     if dtype == dtypes.bool: return "1" if value else "0"
     suffix = {dtypes.int64: "ll", dtypes.uint64: "ull", dtypes.uint32: "u"}.get(dtype, "")
-    if dtype == dtypes.int64 and value == dtypes.min(dtypes.int64): return "(-9223372036854775807ll-1)"
-    if dtype == dtypes.int32 and value == dtypes.min(dtypes.int32): return "(-2147483647-1)"
+    if dtype in (dtypes.int32, dtypes.int64) and value == dtypes.min(dtype): return f"({value + 1}{suffix}-1)"  # the literal would overflow
     plain = dtype in (dtypes.int32, dtypes.int64, dtypes.uint64, dtypes.uint32)
     number = f"({value}{suffix})" if value < 0 else f"{value}{suffix}"
     return number if plain else f"({self.type_name(dtype)}){number}"
-
-  def value(self, uop: UOp) -> str: return self.names[uop]
 
   def define(self, uop: UOp, expression: str, prefix: str) -> None:
     """Name `expression` as a variable unless it is used exactly once (then it is written where it is used)."""
@@ -150,13 +141,13 @@ class CStyleRenderer:
 
   def load(self, uop: UOp) -> str:
     assert uop.dtype is not None
-    buffer, index = self.value(uop.src[0]), self.value(uop.src[1])
+    buffer, index = self.names[uop.src[0]], self.names[uop.src[1]]
     if uop.dtype.count > 1: return self.dialect.vector_load(self.type_name(uop.dtype), buffer, index)
     if uop.dtype == dtypes.float16: loaded = self.dialect.load_half(buffer, index)
     elif uop.dtype == dtypes.bfloat16: loaded = self.dialect.float_bits(f"(((unsigned int){buffer}[{index}])<<16)")
     elif uop.dtype == dtypes.bool: loaded = f"({buffer}[{index}]!=0)"
     else: loaded = f"{buffer}[{index}]"
-    return f"({self.value(uop.src[2])}?{loaded}:{self.const(0, uop.dtype)})" if len(uop.src) == 3 else loaded
+    return f"({self.names[uop.src[2]]}?{loaded}:{self.const(0, uop.dtype)})" if len(uop.src) == 3 else loaded
 
   def store(self, buffer: str, index: str, value: str, dtype: DType) -> str:
     if dtype.count > 1: return self.dialect.vector_store(self.type_name(dtype), buffer, index, value)
@@ -168,7 +159,7 @@ class CStyleRenderer:
     return f"{buffer}[{index}] = {value};"
 
   def alu(self, uop: UOp) -> str:
-    op, operands = uop.arg, [self.value(src) for src in uop.src]
+    op, operands = uop.arg, [self.names[src] for src in uop.src]
     operand_dtype = uop.src[-1].dtype
     assert operand_dtype is not None
     if op is UnaryOps.RECIP: return f"({self.const(1, operand_dtype)}/{operands[0]})"
@@ -193,36 +184,28 @@ class CStyleRenderer:
     if op is BinaryOps.MOD: return f"(({b}=={zero}{f'||{b}=={minus_one}' if signed else ''})?{zero}:{plain})"
     return f"({b}=={zero}?{zero}:{f'{b}=={minus_one}?{self.negate_signed(a, dtype)}:' if signed else ''}{plain})"
 
-  def cast(self, uop: UOp) -> str:
-    source, target = uop.src[0].dtype, uop.dtype
-    assert source is not None and target is not None
-    if target == dtypes.bool: return f"({self.value(uop.src[0])}!=0)"
-    return f"({self.type_name(target)})({self.value(uop.src[0])})"
+  def cast(self, value: str, dtype: DType) -> str: return f"({value}!=0)" if dtype == dtypes.bool else f"({self.type_name(dtype)})({value})"
 
   def render(self) -> str:
     dialect = self.dialect
     params: list[str] = []
+    # ptxas (CUDA 13, sm_90; NVIDIA's OpenCL compiles through it too) miscompiles an unrolled chain of integer negate + max:
+    # `(-x).max(1)` over 50 ints gave wrong values from correct PTX, through NVRTC and the driver's JIT alike, and right ones rolled
+    rolled = any(u.op is UOps.STORE and u.src[0].op is UOps.DEFINE_ACC and u.src[1].op is UOps.ALU and u.src[1].arg is BinaryOps.MAX
+                 and u.src[1].dtype is not None and not dtypes.is_float(u.src[1].dtype) for u in self.uops)
     for uop in self.uops:
+      dtype = uop.dtype if uop.dtype is not None else dtypes.bool  # (ops without a dtype do not read it)
       if uop.op is UOps.DEFINE_GLOBAL:
-        assert uop.dtype is not None and uop.arg.number == len(params), f"buffer {uop.arg.number} as parameter {len(params)}"
-        params.append(f"{dialect.buffer_prefix}{'' if uop.arg.is_output else 'const '}{self.memory_type(uop.dtype)}* {uop.arg.name}")
+        assert uop.arg.number == len(params), f"buffer {uop.arg.number} as parameter {len(params)}"
+        params.append(f"{dialect.buffer_prefix}{'' if uop.arg.is_output else 'const '}{self.memory_type(dtype)}* {uop.arg.name}")
         self.names[uop] = uop.arg.name
-    rolled = dialect.keep_integer_max_loops_rolled and any(
-      u.op is UOps.STORE and u.src[0].op is UOps.DEFINE_ACC and u.src[1].op is UOps.ALU and u.src[1].arg is BinaryOps.MAX
-      and u.src[1].dtype is not None and not dtypes.is_float(u.src[1].dtype) for u in self.uops)
-    for uop in self.uops:
-      if uop.op is UOps.DEFINE_GLOBAL: continue
-      dtype = uop.dtype
-      if uop.op is UOps.CONST:
-        assert dtype is not None
-        self.names[uop] = self.const(uop.arg, dtype)
+      elif uop.op is UOps.CONST: self.names[uop] = self.const(uop.arg, dtype)
       elif uop.op is UOps.SPECIAL:
         index = uop.arg
         thread_id = {ThreadKind.GLOBAL: dialect.global_id, ThreadKind.GROUP: dialect.group_id, ThreadKind.LOCAL: dialect.local_id}[index.kind]
         self.emit(f"int {index.name} = {thread_id(index.dim)};  /* 0..{index.size - 1} */")
         self.names[uop] = index.name
       elif uop.op is UOps.DEFINE_LOCAL:
-        assert dtype is not None
         # 16-byte aligned for vector reads and writes: an array of float is only 4-byte aligned, and CUDA faults on a misaligned float4
         self.emit(f"{dialect.local_prefix}{self.memory_type(dtype)} {uop.arg.name}[{uop.arg.size}] __attribute__((aligned(16)));")
         self.names[uop] = uop.arg.name
@@ -230,36 +213,30 @@ class CStyleRenderer:
       elif uop.op is UOps.LOOP:
         name = uop.arg.name
         if rolled: self.emit("#pragma unroll 1")
-        self.emit(f"for (int {name} = {self.value(uop.src[0])}; {name} < {self.value(uop.src[1])}; {name}++) {{")
+        self.emit(f"for (int {name} = {self.names[uop.src[0]]}; {name} < {self.names[uop.src[1]]}; {name}++) {{")
         self.names[uop] = name
         self.depth += 1
       elif uop.op is UOps.IF:
-        self.emit(f"if ({self.value(uop.src[0])}) {{")
+        self.emit(f"if ({self.names[uop.src[0]]}) {{")
         self.depth += 1
       elif uop.op is UOps.END:
         self.depth -= 1
         self.emit("}")
-      elif uop.op is UOps.DEFINE_ACC:
-        assert dtype is not None
-        name = self.fresh("acc")
-        self.emit(f"{self.type_name(dtype)} {name} = {self.const(uop.arg, dtype)};")
-        self.names[uop] = name
+      elif uop.op is UOps.DEFINE_ACC: self.define(uop, self.const(uop.arg, dtype), "acc")
       elif uop.op is UOps.LOAD:
-        if uop.src[0].op is UOps.DEFINE_ACC: self.names[uop] = self.value(uop.src[0])
+        if uop.src[0].op is UOps.DEFINE_ACC: self.names[uop] = self.names[uop.src[0]]
         else: self.define(uop, self.load(uop), "val")
       elif uop.op is UOps.STORE:
-        if uop.src[0].op is UOps.DEFINE_ACC: self.emit(f"{self.value(uop.src[0])} = {self.value(uop.src[1])};")
+        if uop.src[0].op is UOps.DEFINE_ACC: self.emit(f"{self.names[uop.src[0]]} = {self.names[uop.src[1]]};")
         else:
           assert uop.src[2].dtype is not None
-          store = self.store(self.value(uop.src[0]), self.value(uop.src[1]), self.value(uop.src[2]), uop.src[2].dtype)
-          self.emit(f"if ({self.value(uop.src[3])}) {store}" if len(uop.src) == 4 else store)
+          store = self.store(self.names[uop.src[0]], self.names[uop.src[1]], self.names[uop.src[2]], uop.src[2].dtype)
+          self.emit(f"if ({self.names[uop.src[3]]}) {store}" if len(uop.src) == 4 else store)
       elif uop.op is UOps.ALU: self.define(uop, self.alu(uop), "alu")
-      elif uop.op is UOps.CAST: self.define(uop, self.cast(uop), "cast")
+      elif uop.op is UOps.CAST: self.define(uop, self.cast(self.names[uop.src[0]], dtype), "cast")
       elif uop.op is UOps.BITCAST: self.define(uop, self.bitcast(uop), "cast")
-      elif uop.op is UOps.GEP: self.names[uop] = f"{self.value(uop.src[0])}.{'xyzw'[uop.arg]}"
-      elif uop.op is UOps.VECTORIZE:
-        assert dtype is not None
-        self.define(uop, self.dialect.make_vector(self.type_name(dtype), [self.value(src) for src in uop.src]), "vec")
+      elif uop.op is UOps.GEP: self.names[uop] = f"{self.names[uop.src[0]]}.{'xyzw'[uop.arg]}"
+      elif uop.op is UOps.VECTORIZE: self.define(uop, dialect.make_vector(self.type_name(dtype), [self.names[src] for src in uop.src]), "vec")
       else: raise NotImplementedError(f"the {dialect.name} renderer has no rule for {uop.op}")
     body = "\n".join(self.lines)
     return f"{dialect.prelude}{dialect.kernel_prefix}void {self.function_name}({', '.join(params)}) {{\n{body}\n}}\n"
@@ -267,7 +244,7 @@ class CStyleRenderer:
   def bitcast(self, uop: UOp) -> str:
     """Reinterpret the bits: the source value as its memory bits (an unsigned integer of its width), then those bits as the
     target (16-bit floats live as float in registers, so they convert through their 16-bit form)."""
-    source, target, value = uop.src[0].dtype, uop.dtype, self.value(uop.src[0])
+    source, target, value = uop.src[0].dtype, uop.dtype, self.names[uop.src[0]]
     assert source is not None and target is not None and source.itemsize == target.itemsize, f"bitcast {source} -> {target}"
     unsigned = self.dialect.unsigned(self.type_name({1: dtypes.int8, 2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}[source.itemsize]))
     bits = self.fresh("bits")
