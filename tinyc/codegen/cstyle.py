@@ -6,7 +6,8 @@ used, one used more often gets a named variable. float16 and bfloat16 live in me
 registers (the dialect converts at loads and stores), so every backend rounds them at the same places.
 """
 from __future__ import annotations
-import math
+import itertools, math
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
 from tinyc.dtype import DType, dtypes
@@ -104,11 +105,9 @@ class CStyleRenderer:
       for src in uop.src: self.uses[src] = self.uses.get(src, 0) + repeats
     self.lines: list[str] = []
     self.depth = 1
-    self.counters: dict[str, int] = {}
+    self.counters: defaultdict[str, itertools.count] = defaultdict(itertools.count)
 
-  def fresh(self, prefix: str) -> str:
-    self.counters[prefix] = self.counters.get(prefix, -1) + 1
-    return f"{prefix}{self.counters[prefix]}"
+  def fresh(self, prefix: str) -> str: return f"{prefix}{next(self.counters[prefix])}"
   def emit(self, line: str) -> None: self.lines.append("  " * self.depth + line)
   def type_name(self, dtype: DType) -> str:
     if dtype.count > 1: return f"{_VECTOR_BASE_NAMES[dtype.scalar()]}{dtype.count}"  # float4, int4, uint4 in both dialects
@@ -195,26 +194,22 @@ class CStyleRenderer:
                  and u.src[1].dtype is not None and not dtypes.is_float(u.src[1].dtype) for u in self.uops)
     for uop in self.uops:
       dtype = uop.dtype if uop.dtype is not None else dtypes.bool  # (ops without a dtype do not read it)
+      if uop.op in (UOps.DEFINE_GLOBAL, UOps.SPECIAL, UOps.DEFINE_LOCAL, UOps.LOOP): self.names[uop] = uop.arg.name
       if uop.op is UOps.DEFINE_GLOBAL:
         assert uop.arg.number == len(params), f"buffer {uop.arg.number} as parameter {len(params)}"
         params.append(f"{dialect.buffer_prefix}{'' if uop.arg.is_output else 'const '}{self.memory_type(dtype)}* {uop.arg.name}")
-        self.names[uop] = uop.arg.name
       elif uop.op is UOps.CONST: self.names[uop] = self.const(uop.arg, dtype)
       elif uop.op is UOps.SPECIAL:
-        index = uop.arg
-        thread_id = {ThreadKind.GLOBAL: dialect.global_id, ThreadKind.GROUP: dialect.group_id, ThreadKind.LOCAL: dialect.local_id}[index.kind]
-        self.emit(f"int {index.name} = {thread_id(index.dim)};  /* 0..{index.size - 1} */")
-        self.names[uop] = index.name
+        thread_id = {ThreadKind.GLOBAL: dialect.global_id, ThreadKind.GROUP: dialect.group_id, ThreadKind.LOCAL: dialect.local_id}[uop.arg.kind]
+        self.emit(f"int {uop.arg.name} = {thread_id(uop.arg.dim)};  /* 0..{uop.arg.size - 1} */")
       elif uop.op is UOps.DEFINE_LOCAL:
         # 16-byte aligned for vector reads and writes: an array of float is only 4-byte aligned, and CUDA faults on a misaligned float4
         self.emit(f"{dialect.local_prefix}{self.memory_type(dtype)} {uop.arg.name}[{uop.arg.size}] __attribute__((aligned(16)));")
-        self.names[uop] = uop.arg.name
       elif uop.op is UOps.BARRIER: self.emit(dialect.barrier)
       elif uop.op is UOps.LOOP:
         name = uop.arg.name
         if rolled: self.emit("#pragma unroll 1")
         self.emit(f"for (int {name} = {self.names[uop.src[0]]}; {name} < {self.names[uop.src[1]]}; {name}++) {{")
-        self.names[uop] = name
         self.depth += 1
       elif uop.op is UOps.IF:
         self.emit(f"if ({self.names[uop.src[0]]}) {{")

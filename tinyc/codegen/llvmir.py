@@ -34,14 +34,14 @@ def memory_type(dtype: DType) -> ir.Type:
 
 def _intrinsic(builder: ir.IRBuilder, name: str, dtype: DType, *args: ir.Value) -> ir.Value:
   ty = register_type(dtype)
-  full_name = f"llvm.{name}.{ {16: 'f16', 32: 'f32', 64: 'f64'}[8 * (4 if dtype == dtypes.bfloat16 else dtype.itemsize)] }"
+  full_name = f"llvm.{name}.f{_float_bits(dtype)}"
   fn = builder.module.globals.get(full_name) or ir.Function(builder.module, ir.FunctionType(ty, [ty] * len(args)), name=full_name)
   return builder.call(fn, list(args), fastmath=FAST_MATH)
 
 def _int_divmod(builder: ir.IRBuilder, dtype: DType, a: ir.Value, b: ir.Value, div: bool) -> ir.Value:
   """Truncating a / b or a % b with x / 0 == x % 0 == 0 (uops.py says why). The hardware divides by 1 instead of 0 (and, signed,
   of -1: INT_MIN / -1 traps), and a select puts in the defined value: LLVM may assume a divisor is never 0, so it must not be."""
-  signed = dtypes.is_int(dtype) and not dtypes.is_unsigned(dtype)
+  signed = not _is_unsigned(dtype)
   divide = (builder.sdiv if div else builder.srem) if signed else (builder.udiv if div else builder.urem)
   if isinstance(b, ir.Constant) and b.constant != 0 and not (signed and b.constant == -1): return divide(a, b)
   is_zero = traps = builder.icmp_unsigned("==", b, ir.Constant(b.type, 0))
@@ -53,12 +53,13 @@ def _int_divmod(builder: ir.IRBuilder, dtype: DType, a: ir.Value, b: ir.Value, d
 
 def _max(builder: ir.IRBuilder, dtype: DType, a: ir.Value, b: ir.Value) -> ir.Value:
   if dtypes.is_float(dtype): return _intrinsic(builder, "maximum", dtype, a, b)  # NaN-propagating, like torch.maximum
-  greater = builder.icmp_unsigned(">", a, b) if dtypes.is_unsigned(dtype) or dtype == dtypes.bool else builder.icmp_signed(">", a, b)
-  return builder.select(greater, a, b)
+  return builder.select(_compare(builder, dtype, ">", a, b), a, b)
 
 def _compare(builder: ir.IRBuilder, dtype: DType, predicate: str, a: ir.Value, b: ir.Value) -> ir.Value:
   if dtypes.is_float(dtype): return builder.fcmp_ordered(predicate, a, b)
-  return builder.icmp_unsigned(predicate, a, b) if dtypes.is_unsigned(dtype) or dtype == dtypes.bool else builder.icmp_signed(predicate, a, b)
+  return builder.icmp_unsigned(predicate, a, b) if _is_unsigned(dtype) else builder.icmp_signed(predicate, a, b)
+
+def _is_unsigned(dtype: DType) -> bool: return dtypes.is_unsigned(dtype) or dtype == dtypes.bool
 
 def _float_or_int(float_fn: str, int_fn: str) -> Callable[..., ir.Value]:
   def render(builder: ir.IRBuilder, dtype: DType, a: ir.Value, b: ir.Value) -> ir.Value:
@@ -90,13 +91,12 @@ def cast(builder: ir.IRBuilder, value: ir.Value, src: DType, dst: DType) -> ir.V
     builder.icmp_unsigned("!=", value, ir.Constant(src_ty, 0))
   if dtypes.is_float(src) and dtypes.is_float(dst):
     if src == dtypes.float64 and dst == dtypes.float16:  # no instruction does this: LLVM would call __truncdfhf2, absent in-process
-      value, src_ty = builder.fptrunc(value, ir.FloatType()), ir.FloatType()
-      if dst_ty == src_ty: return value
+      value = builder.fptrunc(value, ir.FloatType())
     return builder.fpext(value, dst_ty) if _float_bits(src) < _float_bits(dst) else builder.fptrunc(value, dst_ty)
-  if dtypes.is_float(dst): return builder.uitofp(value, dst_ty) if dtypes.is_unsigned(src) or src == dtypes.bool else builder.sitofp(value, dst_ty)
+  if dtypes.is_float(dst): return builder.uitofp(value, dst_ty) if _is_unsigned(src) else builder.sitofp(value, dst_ty)
   if dtypes.is_float(src): return builder.fptoui(value, dst_ty) if dtypes.is_unsigned(dst) else builder.fptosi(value, dst_ty)
   if src_ty.width > dst_ty.width: return builder.trunc(value, dst_ty)
-  return builder.zext(value, dst_ty) if dtypes.is_unsigned(src) or src == dtypes.bool else builder.sext(value, dst_ty)
+  return builder.zext(value, dst_ty) if _is_unsigned(src) else builder.sext(value, dst_ty)
 
 def bitcast(builder: ir.IRBuilder, value: ir.Value, src: DType, dst: DType) -> ir.Value:
   """Reinterpret the bits: through the memory representation, since bfloat16 is a float in registers and an i16 in memory."""
@@ -109,9 +109,6 @@ def _float_bits(dtype: DType) -> int: return 32 if dtype == dtypes.bfloat16 else
 def _constant(value: Any, dtype: DType) -> ir.Constant:
   if dtypes.is_float(dtype) and math.isnan(value): return ir.Constant(register_type(dtype), float("nan"))
   return ir.Constant(register_type(dtype), int(value) if not dtypes.is_float(dtype) else value)
-
-def _load_from_memory(builder: ir.IRBuilder, pointer: ir.Value, dtype: DType) -> ir.Value:
-  return _from_memory(builder, builder.load(pointer, typ=memory_type(dtype)), dtype)
 
 def _from_memory(builder: ir.IRBuilder, raw: ir.Value, dtype: DType) -> ir.Value:
   if dtype == dtypes.bool: return builder.trunc(raw, ir.IntType(1))
@@ -188,11 +185,11 @@ def _render_llvm(function_name: str, uops: list[UOp]) -> str:
       builder.position_at_end(exit_block)
     elif uop.op is UOps.LOAD:
       if uop.src[0].op is UOps.DEFINE_ACC: values[uop] = builder.load(src[0], typ=register_type(dtype))
-      elif len(src) == 3:  # a gated load: clamp the index so a masked-out lane never reads out of bounds, then zero the value
-        index = builder.select(src[2], src[1], ir.Constant(src[1].type, 0))
-        loaded = _load_from_memory(builder, builder.gep(src[0], [index], source_etype=memory_type(dtype)), dtype)
-        values[uop] = builder.select(src[2], loaded, _constant(0, dtype))
-      else: values[uop] = _load_from_memory(builder, builder.gep(src[0], [src[1]], source_etype=memory_type(dtype)), dtype)
+      else:  # a gated load clamps the index so a masked-out lane never reads out of bounds, then zeroes the value
+        index = builder.select(src[2], src[1], ir.Constant(src[1].type, 0)) if len(src) == 3 else src[1]
+        pointer = builder.gep(src[0], [index], source_etype=memory_type(dtype))
+        loaded = _from_memory(builder, builder.load(pointer, typ=memory_type(dtype)), dtype)
+        values[uop] = builder.select(src[2], loaded, _constant(0, dtype)) if len(src) == 3 else loaded
     elif uop.op is UOps.STORE:
       if uop.src[0].op is UOps.DEFINE_ACC: builder.store(src[1], src[0])
       else:
