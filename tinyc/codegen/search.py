@@ -16,15 +16,13 @@ from tinyc.helpers import DEBUG, getenv, warn_once
 from tinyc.ops import ConstBuffer, LazyOp, MemBuffer
 from tinyc.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 
-# the action space: each OptOp over the first axes, with the amounts that pay on real kernels (powers of two for tiles, the odd
-# sizes of image dims, 0 for a whole axis)
-ACTIONS: list[Opt] = [Opt(OptOps.UPCAST, axis, amount) for amount in (0, 2, 3, 4, 5, 7, 8, 16) for axis in range(6)]
-ACTIONS += [Opt(OptOps.UNROLL, axis, amount) for amount in (0, 2, 4, 7, 8, 16) for axis in range(5)]
-ACTIONS += [Opt(OptOps.LOCAL, axis, amount) for amount in (2, 3, 4, 7, 8, 13, 16, 29, 32) for axis in range(6)]
-ACTIONS += [Opt(OptOps.GROUPTOP, axis, amount) for amount in (13, 16, 28, 29, 32, 49, 64, 256) for axis in range(3)]
-ACTIONS += [Opt(OptOps.GROUP, axis, amount) for amount in (0, 4, 8, 16, 32, 64, 128, 256, 512) for axis in range(3)]
-ACTIONS += [Opt(OptOps.PADTO, axis, 32) for axis in range(7)] + [Opt(OptOps.NOLOCALS, 0, 0)]
-ACTIONS += [Opt(OptOps.STAGE, buffer, 0) for buffer in range(1, 4)]
+# the action space: each OptOp over the first axes (STAGE: the first input buffers), with the amounts that pay on real kernels
+# (powers of two for tiles, the odd sizes of image dims, 0 for a whole axis)
+ACTIONS: list[Opt] = [Opt(op, axis, amount) for op, axes, amounts in [
+  (OptOps.UPCAST, range(6), (0, 2, 3, 4, 5, 7, 8, 16)), (OptOps.UNROLL, range(5), (0, 2, 4, 7, 8, 16)),
+  (OptOps.LOCAL, range(6), (2, 3, 4, 7, 8, 13, 16, 29, 32)), (OptOps.GROUPTOP, range(3), (13, 16, 28, 29, 32, 49, 64, 256)),
+  (OptOps.GROUP, range(3), (0, 4, 8, 16, 32, 64, 128, 256, 512)), (OptOps.PADTO, range(7), (32,)), (OptOps.NOLOCALS, range(1), (0,)),
+  (OptOps.STAGE, range(1, 4), (0,))] for amount in amounts for axis in axes]
 
 # upcast lanes a search step may grow a kernel to. A GPU target allows 1024 (the heuristic's staged matmul), but every kernel
 # searched up to that many had so many slow-compiling candidates that the CNN train step's search took 96 s instead of 32.
@@ -228,30 +226,23 @@ def _connect(path: Path) -> sqlite3.Connection:
     raise
   return connection
 
-def _open_cache() -> sqlite3.Connection | None:
-  """The cache, made where absent and rebuilt where damaged; None (after one warning) where its location cannot be used."""
+def _open_cache() -> sqlite3.Connection:
+  """The cache, made where absent and rebuilt where damaged."""
   path = cache_path()
-  unusable = "cannot use the BEAM cache {} ({}): searching without it. Set CACHEDB to a file in a writable directory to keep the results."
-  try:
-    try: return _connect(path)
-    except sqlite3.OperationalError: raise  # cannot open or write (or locked past the timeout): not damage
-    except sqlite3.DatabaseError as error:  # the header says tinyc made it, its contents are damaged
-      print(f"tinyc: the BEAM cache {path} is damaged ({error}); starting a new one", file=sys.stderr)
-      for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")): leftover.unlink(missing_ok=True)
-      return _connect(path)
-  except (OSError, sqlite3.Error) as error:
-    warn_once(unusable.format(path, error))
-    return None
+  try: return _connect(path)
+  except sqlite3.OperationalError: raise  # cannot open or write (or locked past the timeout): not damage
+  except sqlite3.DatabaseError as error:  # the header says tinyc made it, its contents are damaged
+    print(f"tinyc: the BEAM cache {path} is damaged ({error}); starting a new one", file=sys.stderr)
+    for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")): leftover.unlink(missing_ok=True)
+    return _connect(path)
 
 def _cache_execute(statement: str, parameters: tuple[str, ...]) -> list[Any]:
   """The rows of one statement run on the cache in its own transaction; none (after one warning) where the cache cannot be used."""
-  connection = _open_cache()
-  if connection is None: return []
-  with contextlib.closing(connection):
-    try: return connection.execute(statement, parameters).fetchall()
-    except sqlite3.Error as error:  # a read-only file, a lock held past the timeout: this result is not cached, the search goes on
-      warn_once(f"cannot use the BEAM cache {cache_path()} ({error}): searching without it. Set CACHEDB to a writable file.")
-      return []
+  try:
+    with contextlib.closing(_open_cache()) as connection: return connection.execute(statement, parameters).fetchall()
+  except (OSError, sqlite3.Error) as error:  # an unwritable location, a read-only file, a lock held past the timeout: the search goes on
+    warn_once(f"cannot use the BEAM cache {cache_path()} ({error}): searching without it. Set CACHEDB to a writable file to keep the results.")
+    return []
 
 def cache_get(key: str) -> tuple[Opt, ...] | None:
   if getenv("IGNORE_BEAM_CACHE", 0): return None
