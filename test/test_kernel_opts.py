@@ -54,14 +54,14 @@ def test_upcast_splits_off_the_inner_part_as_the_last_axis():
   assert strides(kernel, 0) == (256, 1, 0, 64), "rows split into (16, 4): the 4 consecutive rows are the upcast lanes"
   kernel.apply_opt(Opt(OptOps.UPCAST, 1, 4))
   assert kernel.full_shape == (16, 16, 64, 4, 4) and kernel.kinds == (G, G, R, U, U)
-  assert strides(kernel, 0) == (256, 4, 0, 64, 1) and kernel.output_lanes == 16
+  assert strides(kernel, 0) == (256, 4, 0, 64, 1) and kernel.size_of(U) == 16
 
 def test_unroll_splits_a_reduce_axis_into_upcast_lanes():
   kernel = optimized(matmul_64(), [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 4)])
   kernel.apply_opt(Opt(OptOps.UNROLL, 0, 4))  # axis 0 counts from the first reduce loop
   assert kernel.full_shape == (16, 16, 16, 4, 4, 4) and kernel.kinds == (G, G, R, U, U, UN) and kernel.owners[-1] == {0}
   assert strides(kernel, 0)[-1] == 0 and strides(kernel, 1)[-1] == 1, "the unrolled lanes are a reduce axis: the output stays put"
-  assert kernel.upcast_size == 64 and kernel.output_lanes == 16, "UNROLL adds lanes but no outputs"
+  assert kernel.upcast_size == 64 and kernel.size_of(U) == 16, "UNROLL adds lanes but no outputs"
 
 def test_upcast_amount_0_takes_the_whole_axis():
   kernel = optimized(Tensor.empty(13, 29).sum(1), [Opt(OptOps.UPCAST, 0, 0)], KernelTarget())
@@ -307,13 +307,13 @@ def test_heuristic_stages_a_large_matmul_on_a_gpu():
                                  Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 2), Opt(OptOps.UNROLL, 0, 16), Opt(OptOps.STAGE, 1, 0),
                                  Opt(OptOps.STAGE, 2, 0)]
   kernel, _ = heuristic(big)  # 256 upcast lanes at most: the same with 4 reduce elements a trip
-  assert kernel.upcast_size == 256 and kernel.output_lanes == 64 and kernel.local_size == 128 and kernel.staged == (1, 2)
+  assert kernel.upcast_size == 256 and kernel.size_of(U) == 64 and kernel.local_size == 128 and kernel.staged == (1, 2)
   # too little local memory for the tiles: 8x8 register tiles, an unroll of 4, 4x8 work-groups, nothing staged
   kernel, ops = heuristic(big, KernelTarget(has_local=True, local_memory_bytes=4096))
   assert ops.count(OptOps.UPCAST) == 2 and ops.count(OptOps.UNROLL) == 1 and ops.count(OptOps.LOCAL) == 2, ops
-  assert kernel.upcast_size == 256 and kernel.output_lanes == 64 and kernel.local_size == 32 and not kernel.staged
+  assert kernel.upcast_size == 256 and kernel.size_of(U) == 64 and kernel.local_size == 32 and not kernel.staged
   kernel, ops = heuristic(Tensor.empty(512, 512) @ Tensor.empty(512, 512))  # smaller: 4x4 tiles, 16x16 work-groups
-  assert kernel.upcast_size == 64 and kernel.output_lanes == 16 and kernel.local_size == 256 and len(kernel.axes(G)) == 2
+  assert kernel.upcast_size == 64 and kernel.size_of(U) == 16 and kernel.local_size == 256 and len(kernel.axes(G)) == 2
 
 def test_heuristic_groups_a_long_row_sum_on_a_gpu():
   kernel, ops = heuristic(Tensor.empty(64, 4096).sum(1))

@@ -131,12 +131,10 @@ class CStyleRenderer:
   def define(self, uop: UOp, expression: str, prefix: str) -> None:
     """Name `expression` as a variable unless it is used exactly once (then it is written where it is used)."""
     assert uop.dtype is not None
-    if self.uses.get(uop, 0) == 1 and uop.op is UOps.ALU:
-      self.names[uop] = expression
-      return
-    name = self.fresh(prefix)
-    self.emit(f"{self.type_name(uop.dtype)} {name} = {expression};")
-    self.names[uop] = name
+    if self.uses.get(uop, 0) == 1 and uop.op is UOps.ALU: self.names[uop] = expression
+    else:
+      self.names[uop] = self.fresh(prefix)
+      self.emit(f"{self.type_name(uop.dtype)} {self.names[uop]} = {expression};")
 
   def load(self, uop: UOp) -> str:
     assert uop.dtype is not None
@@ -237,8 +235,7 @@ class CStyleRenderer:
     return f"{dialect.prelude}{dialect.kernel_prefix}void {self.function_name}({', '.join(params)}) {{\n{body}\n}}\n"
 
   def bitcast(self, uop: UOp) -> str:
-    """Reinterpret the bits: the source value as its memory bits (an unsigned integer of its width), then those bits as the
-    target (16-bit floats live as float in registers, so they convert through their 16-bit form)."""
+    """Reinterpret the bits through an unsigned integer of their width (16-bit floats, float in registers, through their 16-bit form)."""
     source, target, value = uop.src[0].dtype, uop.dtype, self.names[uop.src[0]]
     assert source is not None and target is not None and source.itemsize == target.itemsize, f"bitcast {source} -> {target}"
     unsigned = self.dialect.unsigned(self.type_name({1: dtypes.int8, 2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}[source.itemsize]))

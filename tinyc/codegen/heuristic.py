@@ -16,7 +16,7 @@ neighbouring threads share cache lines. Elementwise kernels get 4 lanes along th
 stores, and the runtime's work-group size.
 """
 from __future__ import annotations
-from tinyc.helpers import NOOPT, prod
+from tinyc.helpers import NOOPT
 from tinyc.ops import MemBuffer
 from tinyc.codegen.kernel import MAX_UPCAST, AxisKind, Kernel, KernelOptError, Opt, OptOps
 
@@ -48,8 +48,7 @@ def _cpu_optimizations(kernel: Kernel, inputs: list[int]) -> None:
   if _try_upcast(kernel, _broadcast_axes(kernel, vector_loaded), amounts) is None: _try_upcast(kernel, _broadcast_axes(kernel, inputs), amounts)
 
 def _broadcast_axes(kernel: Kernel, inputs: list[int]) -> list[int]:
-  """GLOBAL axes along which one of `inputs` stays put: upcasting one reuses each load of it across the lanes. (GLOBAL axes come
-  first in the layout, so an axis is also its number in UPCAST and LOCAL Opts.)"""
+  """GLOBAL axes along which one of `inputs` stays put, so upcasting one reuses its loads (being first, each is its own Opt axis)."""
   return [axis for axis in kernel.axes(AxisKind.GLOBAL) if kernel.full_shape[axis] > 1 and any(_strides(kernel, i)[axis] == 0 for i in inputs)]
 
 def _try_upcast(kernel: Kernel, axes: list[int], amounts: tuple[int, ...]) -> int | None:
@@ -62,13 +61,13 @@ def _try_upcast(kernel: Kernel, axes: list[int], amounts: tuple[int, ...]) -> in
 GPU_THREADS = 1 << 18  # threads that keep an H200 busy (132 SMs x 2048)
 
 def _gpu_optimizations(kernel: Kernel, inputs: list[int]) -> None:
-  outputs = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GLOBAL, AxisKind.LOCAL))
+  outputs = kernel.size_of(AxisKind.GLOBAL, AxisKind.LOCAL)
   if not kernel.axes(AxisKind.REDUCE):
     contiguous = [axis for axis in kernel.axes(AxisKind.GLOBAL) if _strides(kernel, 0)[axis] == 1]
     _try_upcast(kernel, contiguous[-1:], (4,))
     return
   last_reduce, last_number = kernel.axes(AxisKind.REDUCE)[-1], len(kernel.axes(AxisKind.REDUCE)) - 1  # UNROLL and GROUP count REDUCE axes
-  reduce_size = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GROUP, AxisKind.REDUCE))
+  reduce_size = kernel.size_of(AxisKind.GROUP, AxisKind.REDUCE)
   if (outputs * 16 < GPU_THREADS or kernel.stores_rows) and reduce_size >= 256:  # few outputs (or rows): each becomes a work-group
     if any(_strides(kernel, i)[last_reduce] == 1 for i in inputs): _try(kernel, Opt(OptOps.UNROLL, last_number, 4))
     # a row kernel walks its row several times: about 16 elements a thread each time (measured on the H200: softmax rows of 8192

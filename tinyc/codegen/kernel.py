@@ -118,16 +118,13 @@ class Kernel:
   def shape_len(self) -> int: return len(self.full_shape)
   @property
   def n_outputs(self) -> int: return len(self.stores)
+  def size_of(self, *kinds: AxisKind) -> int:
+    """The elements the axes of these kinds span together (e.g. UPCAST: the lanes that are separate outputs, an accumulator each)."""
+    return prod(self.full_shape[axis] for axis in self.axes(*kinds))
   @property
-  def upcast_size(self) -> int: return prod(self.full_shape[axis] for axis in self.axes(*LANES))
+  def upcast_size(self) -> int: return self.size_of(*LANES)
   @property
-  def output_lanes(self) -> int:
-    """Lanes that are separate outputs (UPCAST, not UNROLL): one accumulator each."""
-    return prod(self.full_shape[axis] for axis in self.axes(AxisKind.UPCAST))
-  @property
-  def local_size(self) -> int:
-    """Threads in a work-group: the product of the LOCAL and GROUP axes."""
-    return prod(self.full_shape[axis] for axis in self.axes(AxisKind.LOCAL, AxisKind.GROUP))
+  def local_size(self) -> int: return self.size_of(AxisKind.LOCAL, AxisKind.GROUP)  # the threads of a work-group
   def spans(self, number: int, axis: int) -> bool:
     """Whether buffer `number` moves along `axis` (has its full size there), e.g. whether an output is a row of a reduce axis."""
     return self.sts[number].shape[axis] != 1 or self.full_shape[axis] == 1
@@ -193,8 +190,7 @@ class Kernel:
     self._reshape(lambda shape: [prod(shape[:merged])] + list(shape[merged:]), range(merged - 1, self.shape_len))
 
   def shift_to(self, axis: int, amount: int, kind: AxisKind, top: bool = False) -> None:
-    """Split `axis` into (size // amount, amount), or (amount, size // amount) with `top`: the `amount` part becomes the last axis
-    of `kind`. Axes of size 1 split into (1, 1)."""
+    """Split `axis` into (size // amount, amount), or (amount, size // amount) with `top`; the `amount` part becomes the last `kind` axis."""
     def split(shape: tuple[int, ...]) -> list[int]:
       parts = ([amount, shape[axis] // amount] if top else [shape[axis] // amount, amount]) if shape[axis] != 1 else [1, 1]
       return list(shape[:axis]) + parts + list(shape[axis + 1:])
