@@ -96,19 +96,16 @@ def _gpu_optimizations(kernel: Kernel, inputs: list[int]) -> None:
   _try(kernel, Opt(OptOps.UNROLL, last_number, 0 if kernel.full_shape[last_reduce] <= 4 else 4))
   # work-group tile: up to 16 (8) threads along each of the two innermost global axes (the largest divisor of each). They are
   # applied outermost first, so the innermost (usually the contiguous one) becomes launch dimension 0 and neighbouring threads
-  # touch neighbouring memory.
+  # touch neighbouring memory. An axis is planned by its place from the end of the GLOBAL axes, which a LOCAL leaves as it was.
   plan: list[tuple[int, int]] = []
   budget, most = (32, 8) if big else (256, 16)  # 64 accumulators a thread leave registers for fewer threads
   global_dims = len(kernel.axes(AxisKind.GLOBAL))
   for axis in reversed(range(max(0, global_dims - 2), global_dims)):
     divisors = [a for a in range(2, min(most, budget) + 1) if kernel.full_shape[axis] % a == 0]
     if divisors:
-      plan.insert(0, (axis, divisors[-1]))
+      plan.insert(0, (global_dims - axis, divisors[-1]))
       budget //= divisors[-1]
-  consumed = 0
-  for axis, amount in plan:
-    size = kernel.full_shape[axis - consumed]
-    if _try(kernel, Opt(OptOps.LOCAL, axis - consumed, amount)) and amount == size: consumed += 1
+  for from_end, amount in plan: _try(kernel, Opt(OptOps.LOCAL, len(kernel.axes(AxisKind.GLOBAL)) - from_end, amount))
 
 def _stage_big_matmul(kernel: Kernel, axes: list[int], inputs: list[int]) -> bool:
   """The plan of a fast SGEMM, if every step applies: a work-group of 8 x 16 threads computes a 64 x 128 block of the output,

@@ -141,9 +141,8 @@ def _render_llvm(function_name: str, uops: list[UOp]) -> str:
   function = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()] * len(buffers) + range_types), name=function_name)
   for arg in function.args[:len(buffers)]: arg.add_attribute("noalias")
   for arg, name in zip(function.args[len(buffers):], ("start", "end")): arg.name = name
-  entry = function.append_basic_block("entry")
+  allocas = ir.IRBuilder(function.append_basic_block("entry"))  # allocas and the loop range, then a branch to the body
   builder = ir.IRBuilder(function.append_basic_block("body"))
-  allocas = ir.IRBuilder(entry)
   if outer_loop is not None:
     # clamped to the loop's constant end: knowing the counter < end LLVM proves the index math cannot overflow, which it needs to
     # vectorize loads (without it a 512x512 matmul runs 5x slower). Truncated here where the index type is i32.
