@@ -181,7 +181,8 @@ class CStyleRenderer:
     if op is BinaryOps.MOD: return f"(({b}=={zero}{f'||{b}=={minus_one}' if signed else ''})?{zero}:{plain})"
     return f"({b}=={zero}?{zero}:{f'{b}=={minus_one}?{self.negate_signed(a, dtype)}:' if signed else ''}{plain})"
 
-  def cast(self, value: str, dtype: DType) -> str: return f"({value}!=0)" if dtype == dtypes.bool else f"({self.type_name(dtype)})({value})"
+  def cast(self, value: str, dtype: DType) -> str:
+    return f"({value}!=0)" if dtype == dtypes.bool else f"({self.type_name(dtype)})({value})"
 
   def render(self) -> str:
     dialect = self.dialect

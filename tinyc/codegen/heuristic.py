@@ -49,7 +49,8 @@ def _cpu_optimizations(kernel: Kernel, inputs: list[int]) -> None:
 
 def _broadcast_axes(kernel: Kernel, inputs: list[int]) -> list[int]:
   """GLOBAL axes along which one of `inputs` stays put, so upcasting one reuses its loads (being first, each is its own Opt axis)."""
-  return [axis for axis in kernel.axes(AxisKind.GLOBAL) if kernel.full_shape[axis] > 1 and any(_strides(kernel, i)[axis] == 0 for i in inputs)]
+  return [axis for axis in kernel.axes(AxisKind.GLOBAL)
+          if kernel.full_shape[axis] > 1 and any(_strides(kernel, i)[axis] == 0 for i in inputs)]
 
 def _try_upcast(kernel: Kernel, axes: list[int], amounts: tuple[int, ...]) -> int | None:
   """Upcast the last of `axes` that takes one of `amounts` (the first that divides it; 0, the whole axis, only up to 16): that axis."""

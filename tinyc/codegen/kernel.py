@@ -295,7 +295,7 @@ class Kernel:
     if (self.kinds[axis], self.owners[axis]) != (self.kinds[axis + 1], self.owners[axis + 1]) or self.kinds[axis] in LANES: return False
     for st in self.sts:
       view = st.views[-1]
-      if view.mask is not None and (view.mask[axis] != (0, view.shape[axis]) or view.mask[axis + 1] != (0, view.shape[axis + 1])): return False
+      if view.mask is not None and any(view.mask[i] != (0, view.shape[i]) for i in (axis, axis + 1)): return False
       if view.strides[axis] != view.strides[axis + 1] * view.shape[axis + 1]: return False
     return True
 
