@@ -5,19 +5,20 @@ Equal pure UOps are made once (common-subexpression elimination) and constant op
 A UOp made inside a loop is only reused inside that loop, so every renderer can scope variables by loop.
 """
 from __future__ import annotations
-import itertools
+import functools, itertools
 from dataclasses import dataclass
 from typing import Any, Callable, cast
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import DEBUG, prod
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, ReduceOps, TernaryOps, UnaryOps
-from tinyc.shape.shapetracker import flatten_node, unflatten_node
+from tinyc.shape.shapetracker import flatten_node
 from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, simplify_given_valid
 from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel
 from tinyc.codegen.uops import PYTHON_ALU, VECTOR_WIDTH, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind, UOp, UOps, cast_python_value
-from tinyc.codegen.tiles import Tile, define_tile, load_tiles, read_tile, store_tiles
+from tinyc.codegen.tiles import Tile, define_tile, load_tiles, store_tiles
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
+IDENTITY = {BinaryOps.ADD: 0, BinaryOps.MUL: 1}
 
 @dataclass
 class Scope:
@@ -70,16 +71,15 @@ class Linearizer:
   def alu(self, op: Op, dtype: DType, *src: UOp) -> UOp:
     if all(s.op is UOps.CONST for s in src) and op in PYTHON_ALU and not (op is BinaryOps.MOD and dtypes.is_float(dtype) and src[-1].arg == 0):
       return self.const(PYTHON_ALU[op](*[s.arg for s in src]), dtype)
-    if op is BinaryOps.ADD:
-      if _is_const(src[1], 0): return src[0]
-      if _is_const(src[0], 0): return src[1]
-    if op is BinaryOps.MUL:
-      if _is_const(src[1], 1): return src[0]
-      if _is_const(src[0], 1): return src[1]
-      if dtypes.is_int(dtype) and (_is_const(src[0], 0) or _is_const(src[1], 0)): return self.const(0, dtype)
+    if op in IDENTITY:  # x + 0 and x * 1 are x
+      if _is_const(src[1], IDENTITY[op]): return src[0]
+      if _is_const(src[0], IDENTITY[op]): return src[1]
+    if op is BinaryOps.MUL and dtypes.is_int(dtype) and any(_is_const(value, 0) for value in src): return self.const(0, dtype)
     if op is TernaryOps.WHERE and src[0].op is UOps.CONST: return src[1] if src[0].arg else src[2]
     if op in (BinaryOps.IDIV, BinaryOps.MOD) and not dtypes.is_float(dtype) and _is_const(src[1], 0): return self.const(0, dtype)  # see uops.py
     return self.uop(UOps.ALU, dtype, tuple(src), op)
+
+  def fold(self, op: Op, dtype: DType, values: list[UOp]) -> UOp: return functools.reduce(functools.partial(self.alu, op, dtype), values)
 
   def cast(self, value: UOp, dtype: DType) -> UOp:
     if value.dtype == dtype: return value
@@ -116,33 +116,73 @@ class Linearizer:
     DivNode: lambda node, ops, ctx: ctx.alu(BinaryOps.IDIV, ctx.index_dtype, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype)),
     ModNode: lambda node, ops, ctx: ctx.alu(BinaryOps.MOD, ctx.index_dtype, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype)),
     LtNode: lambda node, ops, ctx: ctx.alu(BinaryOps.CMPLT, dtypes.bool, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype)),
-    SumNode: lambda node, ops, ctx: _fold(ctx, BinaryOps.ADD, ctx.index_dtype, [n.render(ops, ctx) for n in node.nodes]),
-    AndNode: lambda node, ops, ctx: _fold(ctx, BinaryOps.AND, dtypes.bool, [n.render(ops, ctx) for n in node.nodes]),
+    SumNode: lambda node, ops, ctx: ctx.fold(BinaryOps.ADD, ctx.index_dtype, [n.render(ops, ctx) for n in node.nodes]),
+    AndNode: lambda node, ops, ctx: ctx.fold(BinaryOps.AND, dtypes.bool, [n.render(ops, ctx) for n in node.nodes]),
   }
 
-  # ---- the AST -> UOps ----
-  def load(self, buf: MemBuffer | ConstBuffer, idxs: list[Node], gate: Node = NumNode(1)) -> UOp:
-    """One element of `buf` (0 where the view is masked or `gate` is 0)."""
-    buf_number = self.kernel.bufs.index(buf)
-    index, valid = self.kernel.sts[buf_number].expr_idxs(idxs)
-    valid = Node.ands([valid, gate])
-    zero = self.const(0, buf.dtype)
-    if valid.max == 0: return zero
-    valid_uop = None if valid.min == 1 else self.index(valid)
-    if valid_uop is not None: index = simplify_given_valid(index, valid)  # the load is gated: only valid lanes use the index
-    if isinstance(buf, ConstBuffer):
-      value = self.const(buf.val, buf.dtype)
-      return value if valid_uop is None else self.alu(TernaryOps.WHERE, buf.dtype, valid_uop, value, zero)
-    src = (self.globals[buf.idx], self.index(index)) + ((valid_uop,) if valid_uop is not None else ())
-    return self.uop(UOps.LOAD, buf.dtype, src)
+  # ---- memory: each lane's element at its address, (index, validity); 16 bytes at once where lanes are neighbours ----
+  def access(self, index: Node, valid: Node) -> tuple[UOp, tuple[UOp, ...]]:
+    """A load's or store's index and its gate, none where `valid` always holds (a gated index need only be right where valid)."""
+    if valid.min == 1: return self.index(index), ()
+    gate = self.index(valid)
+    return self.index(simplify_given_valid(index, valid)), (gate,)
 
+  def load(self, memory: UOp, index: Node, valid: Node) -> UOp:
+    """One element of `memory`, 0 where `valid` is 0."""
+    dtype = cast(DType, memory.dtype)
+    if valid.max == 0: return self.const(0, dtype)
+    index_uop, gate = self.access(index, valid)
+    return self.uop(UOps.LOAD, dtype, (memory, index_uop) + gate)
+
+  def read(self, memory: UOp, sizes: list[int], addresses: list[tuple[Node, Node]], dtype: DType) -> list[UOp]:
+    """Each lane's element of `memory` (lanes laid out as `sizes`) as `dtype`: vector loads where vector_groups finds them, else one by one."""
+    memory_dtype = cast(DType, memory.dtype)
+    values: list[UOp | None] = [None] * len(addresses)
+    for group, start in self.vector_groups(memory_dtype, sizes, addresses):
+      vector = self.uop(UOps.LOAD, memory_dtype.vec(len(group)), (memory, self.index(start)))
+      for lane_number, lane in enumerate(group): values[lane] = self.uop(UOps.GEP, memory_dtype, (vector,), lane_number)
+    return [self.cast(value if value is not None else self.load(memory, *address), dtype) for value, address in zip(values, addresses)]
+
+  def write(self, memory: UOp, sizes: list[int], values: list[UOp], addresses: list[tuple[Node, Node]]) -> None:
+    """Store each lane's value in `memory` (cast to its type), as `read` loads them: skipped where `valid` is 0, gated where it may be."""
+    dtype, stored = cast(DType, memory.dtype), set()
+    for group, start in self.vector_groups(dtype, sizes, addresses):
+      vector = self.uop(UOps.VECTORIZE, dtype.vec(len(group)), tuple(self.cast(values[lane], dtype) for lane in group))
+      self.uop(UOps.STORE, None, (memory, self.index(start), vector), pure=False)
+      stored.update(group)
+    for lane, (value, (index, valid)) in enumerate(zip(values, addresses)):
+      if lane in stored or valid.max == 0: continue  # valid.max == 0: e.g. a lane that is all PADTO padding
+      index_uop, gate = self.access(index, valid)
+      self.uop(UOps.STORE, None, (memory, index_uop, self.cast(value, dtype)) + gate, pure=False)
+
+  def vector_groups(self, dtype: DType, sizes: list[int], addresses: list[tuple[Node, Node]]) -> list[tuple[list[int], Node]]:
+    """Groups of VECTOR_WIDTH lanes (laid out as `sizes`) at neighbouring valid addresses from an aligned index, with that index:
+    each is one 16-byte load or store. Only on GPUs, for 4-byte types, along one upcast axis."""
+    if not self.threads or dtype not in (dtypes.float32, dtypes.int32, dtypes.uint32): return []
+    for position, size in enumerate(sizes):
+      if size % VECTOR_WIDTH: continue
+      stride, groups = prod(sizes[position + 1:]), []
+      for first in (lane for lane in range(len(addresses)) if (lane // stride) % VECTOR_WIDTH == 0):
+        members = [first + i * stride for i in range(VECTOR_WIDTH)]
+        start = addresses[first][0]
+        neighbours = all(addresses[lane][1].min == 1 and addresses[lane][0] - start == i for i, lane in enumerate(members))
+        if start % VECTOR_WIDTH != 0 or not neighbours: break
+        groups.append((members, start))
+      else: return groups
+    return []
+
+  # ---- the AST -> UOps ----
   def parse(self, node: LazyOp, lanes: Lanes, scope: Scope) -> list[UOp]:
     """The values of `node`, one per lane."""
     if node.op in (BufferOps.LOAD, BufferOps.CONST):
-      if (tile := self.tiles.get(node.arg)) is not None:
+      buf, st = node.arg, self.kernel.sts[self.kernel.bufs.index(node.arg)]
+      if isinstance(buf, ConstBuffer):  # its value, 0 where its view is masked (padding)
+        value, zero = self.const(buf.val, buf.dtype), self.const(0, buf.dtype)
+        return [self.alu(TernaryOps.WHERE, buf.dtype, self.index(st.expr_idxs(idxs)[1]), value, zero) for idxs in lanes.idxs]
+      if (tile := self.tiles.get(buf)) is not None:
         assert scope.tile_parity is not None, "a staged buffer is read inside its reduce loop"
-        return read_tile(self, tile, node.arg.dtype, lanes.idxs, lanes.sizes, scope.tile_parity)
-      return self.read(node.arg, lanes.idxs, lanes.sizes)
+        return self.read(tile.memory, lanes.sizes, [(tile.index(idxs, scope.tile_parity), NumNode(1)) for idxs in lanes.idxs], buf.dtype)
+      return self.read(self.globals[buf.idx], lanes.sizes, [st.expr_idxs(idxs) for idxs in lanes.idxs], buf.dtype)
     if node.op in ReduceOps:
       if node not in scope.reduced: self.reduce(node, scope)  # a reduce that depends on an axis bound here and no further out
       key_axes, results = scope.reduced[node]
@@ -154,65 +194,11 @@ class Linearizer:
 
   def lanes(self, scope: Scope) -> Lanes:
     """Every combination of the scope's lane axes' values, each as one index per axis (an axis not bound reads index 0)."""
-    full_shape = self.kernel.full_shape
-    ranges = [range(full_shape[axis]) for axis in scope.lane_axes]
-    idxs = []
-    for values in itertools.product(*ranges):
-      at = dict(zip(scope.lane_axes, values))
-      idxs.append([NumNode(at[axis]) if axis in at else scope.bound.get(axis, NumNode(0)) for axis in range(len(full_shape))])
-    return Lanes(idxs, [len(r) for r in ranges])
-
-  def read(self, buf: MemBuffer | ConstBuffer, lanes: list[list[Node]], sizes: list[int]) -> list[UOp]:
-    """The values of a buffer at `lanes` (laid out as `sizes`): vector loads where lanes are neighbours, else one load each."""
-    if not isinstance(buf, MemBuffer): return [self.load(buf, idxs) for idxs in lanes]
-    st = self.kernel.sts[self.kernel.bufs.index(buf)]
-    vectors = self.vector_loads(self.globals[buf.idx], buf.dtype, sizes, lambda lane: st.expr_idxs(lanes[lane]))
-    return [value if value is not None else self.load(buf, idxs) for value, idxs in zip(vectors, lanes)]
-
-  def vector_loads(self, memory: UOp, dtype: DType, sizes: list[int], index_of: Callable[[int], tuple[Node, Node]]) -> list[UOp | None]:
-    """Each lane's value where a 16-byte load of `memory` reads it (see vector_groups), else None."""
-    values: list[UOp | None] = [None] * prod(sizes)
-    for group, index in self.vector_groups(dtype, sizes, index_of):
-      vector = self.uop(UOps.LOAD, dtype.vec(len(group)), (memory, self.index(index)))
-      for lane_number, lane in enumerate(group): values[lane] = self.uop(UOps.GEP, dtype, (vector,), lane_number)
-    return values
-
-  def store_lanes(self, memory: UOp, dtype: DType, sizes: list[int], values: list[UOp], index_of: Callable[[int], tuple[Node, Node]]) -> None:
-    """Store each lane's value (cast to `dtype`) where `index_of` puts it: 16-byte stores where vector_groups finds them, the
-    rest one by one, each only where its validity holds."""
-    stored: set[int] = set()
-    for group, start in self.vector_groups(dtype, sizes, index_of):
-      vector = self.uop(UOps.VECTORIZE, dtype.vec(len(group)), tuple(self.cast(values[lane], dtype) for lane in group))
-      self.uop(UOps.STORE, None, (memory, self.index(start), vector), pure=False)
-      stored.update(group)
-    for lane, value in enumerate(values):
-      if lane in stored: continue
-      index, valid = index_of(lane)
-      gate: tuple[UOp, ...] = ()
-      if valid.max == 0: continue  # e.g. a lane that is all PADTO padding
-      if valid.min == 0: gate, index = (self.index(valid),), simplify_given_valid(index, valid)
-      self.uop(UOps.STORE, None, (memory, self.index(index), self.cast(value, dtype)) + gate, pure=False)
-
-  def vector_groups(self, dtype: DType, sizes: list[int], index_of: Callable[[int], tuple[Node, Node]]) -> list[tuple[list[int], Node]]:
-    """Groups of VECTOR_WIDTH lanes (laid out as `sizes`) that read (or write) neighbouring elements from an aligned index, with
-    that index (`index_of` gives a lane's index and validity): each group becomes one 16-byte load or store. Only on GPUs, for
-    4-byte types, unmasked, along one upcast axis."""
-    lanes = prod(sizes)
-    width = VECTOR_WIDTH
-    if not self.threads or dtype not in (dtypes.float32, dtypes.int32, dtypes.uint32) or lanes < width: return []
-    for position, size in enumerate(sizes):
-      if size % width: continue
-      stride = prod(sizes[position + 1:])
-      groups = []
-      for first in (lane for lane in range(lanes) if (lane // stride) % width == 0):
-        members = [first + i * stride for i in range(width)]
-        indexes = [index_of(member) for member in members]
-        if any(valid.min != 1 for _, valid in indexes): break
-        start = indexes[0][0]
-        if not _is_number(start % width, 0) or not all(_is_number(index - start, i) for i, (index, _) in enumerate(indexes)): break
-        groups.append((members, start))
-      else: return groups
-    return []
+    sizes, idxs = [self.kernel.full_shape[axis] for axis in scope.lane_axes], []
+    for values in itertools.product(*[range(size) for size in sizes]):
+      at = scope.bound | {axis: NumNode(value) for axis, value in zip(scope.lane_axes, values)}
+      idxs.append([at.get(axis, NumNode(0)) for axis in range(self.kernel.shape_len)])
+    return Lanes(idxs, sizes)
 
   def linearize(self) -> list[UOp]:
     kernel = self.kernel
@@ -292,7 +278,7 @@ class Linearizer:
     loops = self.walk_loops([axis for axis in spanned if kernel.kinds[axis] is AxisKind.REDUCE], store.src[0], scope)
     lanes = self.lanes(scope)
     values = self.parse(store.src[0], lanes, scope)
-    self.store_lanes(self.globals[store.arg.idx], store.arg.dtype, lanes.sizes, values, lambda lane: kernel.sts[number].expr_idxs(lanes.idxs[lane]))
+    self.write(self.globals[store.arg.idx], lanes.sizes, values, [kernel.sts[number].expr_idxs(idxs) for idxs in lanes.idxs])
     for loop in reversed(loops): self.end(loop)
 
   def reduce(self, reduceop: LazyOp, outer: Scope) -> None:
@@ -307,21 +293,19 @@ class Linearizer:
     scope = Scope(dict(outer.bound), sorted(key_axes + own[AxisKind.UNROLL]), dict(outer.reduced))
     scope.bound.update({axis: self.thread_idxs[axis] for axis in own[AxisKind.GROUP]})
     if self.tiles:  # the first trip's tiles (staged inputs), before the loops
-      store_tiles(self, load_tiles(self, scope.bound, {axis: NumNode(0) for axis in own[AxisKind.REDUCE]}), NumNode(0))
-      self.uop(UOps.BARRIER, None, (), None, pure=False)
+      store_tiles(self, load_tiles(self, scope.bound, own[AxisKind.REDUCE], NumNode(0)))
+      self.barrier()
     loops = self.walk_loops(own[AxisKind.REDUCE], reduceop.src[0], scope)
     if self.tiles:  # load the next trip's tiles (the first again after the last) now, store them after this trip's work
-      sizes = [kernel.full_shape[axis] for axis in own[AxisKind.REDUCE]]
-      trip = flatten_node([scope.bound[axis] for axis in own[AxisKind.REDUCE]], sizes)
-      scope.tile_parity = trip % 2
-      upcoming = load_tiles(self, scope.bound, dict(zip(own[AxisKind.REDUCE], unflatten_node((trip + 1) % prod(sizes), tuple(sizes)))))
+      trip = flatten_node([scope.bound[axis] for axis in own[AxisKind.REDUCE]], [kernel.full_shape[axis] for axis in own[AxisKind.REDUCE]])
+      scope.tile_parity, upcoming = trip % 2, load_tiles(self, scope.bound, own[AxisKind.REDUCE], trip + 1)
     lanes = self.lanes(scope)
     values = self.parse(reduceop.src[0], lanes, scope)
     for idxs, value in zip(lanes.idxs, values):
       self.accumulate(op, accs[keys.index(tuple(cast(NumNode, idxs[axis]).b for axis in key_axes))], value)
     if self.tiles:  # into the other tile, which every thread finished reading before the last barrier
-      store_tiles(self, upcoming, (trip + 1) % 2)
-      self.uop(UOps.BARRIER, None, (), None, pure=False)
+      store_tiles(self, upcoming)
+      self.barrier()
     for loop in reversed(loops): self.end(loop)
     partials = [self.uop(UOps.LOAD, reduceop.dtype, (acc,), pure=False) for acc in accs]
     if own[AxisKind.GROUP]:
@@ -347,7 +331,7 @@ class Linearizer:
     def read(index: Node, lane: int) -> UOp:  # not pure: a value read before a barrier is stale after it
       return self.uop(UOps.LOAD, reduceop.dtype, (memory, slot(index, lane)), pure=False)
     for lane, partial in enumerate(partials): self.uop(UOps.STORE, None, (memory, slot(first_slot + member, lane), partial), pure=False)
-    self.uop(UOps.BARRIER, None, (), None, pure=False)
+    self.barrier()
     tree = group_count & (group_count - 1) == 0
     half = group_count // 2 if tree else 0
     while half >= 1:  # a few steps of log2(group) instead of one thread walking all partials
@@ -356,7 +340,7 @@ class Linearizer:
         added = self.alu(REDUCE_TO_ALU[op], reduceop.dtype, read(first_slot + member, lane), read(first_slot + member + half, lane))
         self.uop(UOps.STORE, None, (memory, slot(first_slot + member, lane), added), pure=False)
       self.end(step)
-      self.uop(UOps.BARRIER, None, (), None, pure=False)
+      self.barrier()
       half //= 2
     if not everyone: self.open_ifs.append(self.open_if(member < 1))
     if tree: results = [read(first_slot, lane) for lane in range(lanes)]
@@ -366,7 +350,7 @@ class Linearizer:
       for lane, acc in enumerate(accs): self.accumulate(op, acc, read(first_slot + Variable("group_member", 0, group_count - 1), lane))
       self.end(loop)
       results = [self.uop(UOps.LOAD, reduceop.dtype, (acc,), pure=False) for acc in accs]
-    if self._open_loops: self.uop(UOps.BARRIER, None, (), None, pure=False)  # the next trip of the loop around writes the partials again
+    if self._open_loops: self.barrier()  # the next trip of the loop around writes the partials again
     return results
 
   def define_local(self, dtype: DType, name: str, size: int) -> UOp:
@@ -375,6 +359,8 @@ class Linearizer:
     self.uops.insert(self._locals_at, memory)
     self._locals_at += 1
     return memory
+
+  def barrier(self) -> None: self.uop(UOps.BARRIER, None, pure=False)
 
   def open_if(self, condition: Node) -> UOp:
     block = self.uop(UOps.IF, None, (self.index(condition),), None, pure=False)
@@ -389,9 +375,4 @@ class Linearizer:
     current = self.uop(UOps.LOAD, acc.dtype, (acc,), pure=False)
     self.uop(UOps.STORE, None, (acc, self.alu(REDUCE_TO_ALU[op], cast(DType, acc.dtype), current, value)), pure=False)
 
-def _is_number(node: Node, value: int) -> bool: return isinstance(node, NumNode) and node.b == value
 def _is_const(uop: UOp, value: Any) -> bool: return uop.op is UOps.CONST and uop.arg == value
-def _fold(ctx: Linearizer, op: BinaryOps, dtype: DType, values: list[UOp]) -> UOp:
-  result = values[0]
-  for value in values[1:]: result = ctx.alu(op, dtype, result, value)
-  return result
