@@ -37,8 +37,7 @@ class Lanes:
   sizes: list[int]
 
 class Linearizer:
-  """`threads`: the global axes become thread ids (SPECIAL, for GPUs; the last axis is dimension 0 so neighbouring threads
-  touch neighbouring memory), else loops (CPUs)."""
+  """`threads`: the GLOBAL axes become thread ids (SPECIAL, for GPUs; see thread_indices), else loops (CPUs)."""
   def __init__(self, kernel: Kernel, threads: bool = False) -> None:
     self.kernel, self.threads = kernel, threads
     self.uops: list[UOp] = []
@@ -47,13 +46,16 @@ class Linearizer:
     self.loop_uops: dict[str, UOp] = {}
     self.thread_idxs: dict[int, Node] = {}  # the index variable of each GLOBAL, LOCAL and GROUP axis
     self.open_ifs: list[UOp] = []  # blocks that close at the kernel's end (the threads with group id 0 going on alone)
-    self.globals: dict[int, UOp] = {}
-    self.tiles: dict[MemBuffer | ConstBuffer, Tile] = {}
     self._value_axes: dict[LazyOp, frozenset[int]] = {}
     self._partials: dict[LazyOp, UOp] = {}  # each group reduce's local memory
-    self._locals_at = 0  # where the next DEFINE_LOCAL goes
+    self._locals: list[UOp] = []  # defined right after the parameters, at the kernel's scope, wherever they are used
     self._open_loops: list[UOp] = []  # the loops around the code being made
     self.index_dtype = dtypes.int32 if max(st.real_size() for st in kernel.sts) < 2**31 else dtypes.int64
+    # one global per buffer number: a buffer read through two views is still one argument
+    dtype_of_buffer = {buf.idx: buf.dtype for buf in kernel.bufs if isinstance(buf, MemBuffer)}
+    self.globals = {idx: self.uop(UOps.DEFINE_GLOBAL, dtype, (), GlobalBuffer(f"data{idx}", idx, idx < kernel.n_outputs), pure=False)
+                    for idx, dtype in sorted(dtype_of_buffer.items())}
+    self.tiles: dict[MemBuffer | ConstBuffer, Tile] = {kernel.bufs[number]: define_tile(self, number) for number in kernel.staged}
 
   # ---- making UOps ----
   def uop(self, op: UOps, dtype: DType | None, src: tuple[UOp, ...] = (), arg: Any = None, pure: bool = True) -> UOp:
@@ -97,9 +99,8 @@ class Linearizer:
   def _worth_vectorizing(self, axis: int | None) -> bool:
     """Whether LLVM should vectorize across this loop's trips: only for a long loop along which every buffer moves by 0 or
     1 elements. Otherwise it takes gathers or masked tails, and packing the upcast lanes (SLP) is the better plan."""
-    kernel = self.kernel
-    return axis is not None and kernel.full_shape[axis] >= 16 and all(st.real_strides()[axis] in (0, 1) for st, buf in zip(kernel.sts, kernel.bufs)
-                                                 if isinstance(buf, MemBuffer))
+    return axis is not None and self.kernel.full_shape[axis] >= 16 and all(
+      st.real_strides()[axis] in (0, 1) for st, buf in zip(self.kernel.sts, self.kernel.bufs) if isinstance(buf, MemBuffer))
 
   def end(self, loop: UOp) -> None:
     self.uop(UOps.END, None, (loop,), pure=False)
@@ -202,12 +203,6 @@ class Linearizer:
 
   def linearize(self) -> list[UOp]:
     kernel = self.kernel
-    # one global per buffer number: a buffer read through two views is still one argument
-    dtype_of_buffer = {buf.idx: buf.dtype for buf in kernel.bufs if isinstance(buf, MemBuffer)}
-    self.globals = {idx: self.uop(UOps.DEFINE_GLOBAL, dtype, (), GlobalBuffer(f"data{idx}", idx, idx < kernel.n_outputs), pure=False)
-                    for idx, dtype in sorted(dtype_of_buffer.items())}
-    self._locals_at = len(self.uops)  # local memory is defined here, at the kernel's scope, wherever it is used
-    self.tiles = {kernel.bufs[number]: define_tile(self, number) for number in kernel.staged}
     global_loops = self.thread_indices()
     top = Scope({axis: self.thread_idxs[axis] for axis in kernel.axes(AxisKind.GLOBAL, AxisKind.LOCAL)}, kernel.axes(AxisKind.UPCAST), {})
     for store in kernel.stores: self.hoist(store.src[0], top)
@@ -219,25 +214,19 @@ class Linearizer:
       self.open_ifs.append(self.open_if(self.group_member() < 1))
     for store in singles: self.store(store, top)
     for block in reversed(global_loops + self.open_ifs): self.end(block)
-    if DEBUG >= 5:
-      for uop in self.uops: print(uop)
+    if DEBUG >= 5: print("\n".join(map(str, self.uops)))
     return self.uops
 
   def thread_indices(self) -> list[UOp]:
-    """Index variables of the GLOBAL, LOCAL and GROUP axes (in `thread_idxs`); returns the loops opened for the GLOBAL axes on a
-    CPU. On a GPU with LOCAL or GROUP axes, GLOBAL axes are work-group ids and the others thread ids inside the work-group;
-    without them, GLOBAL axes are global thread ids and the runtime picks the work-group size. The last axis of each kind is
-    launch dimension 0, so neighbouring threads touch neighbouring memory."""
+    """Index variables of the GLOBAL, LOCAL and GROUP axes (in `thread_idxs`); returns the loops of the GLOBAL axes on a CPU. With
+    LOCAL or GROUP axes GLOBAL axes are work-group ids, else global thread ids; the last axis is dimension 0 (neighbouring memory)."""
     kernel = self.kernel
     global_axes, thread_axes = kernel.axes(AxisKind.GLOBAL), kernel.axes(AxisKind.LOCAL, AxisKind.GROUP)
-    for axis in global_axes + thread_axes:
-      is_thread = axis in thread_axes
-      name = f"{'l' if is_thread else 'g'}idx{axis}"
-      self.thread_idxs[axis] = Variable(name, 0, kernel.full_shape[axis] - 1)
-      if not self.threads: continue
-      dim = len(thread_axes) - 1 - thread_axes.index(axis) if is_thread else len(global_axes) - 1 - global_axes.index(axis)
-      kind = ThreadKind.LOCAL if is_thread else (ThreadKind.GROUP if thread_axes else ThreadKind.GLOBAL)
-      self.loop_uops[name] = self.uop(UOps.SPECIAL, self.index_dtype, (), ThreadIndex(dim, name, kernel.full_shape[axis], kind), pure=False)
+    for axes, prefix, kind in ((global_axes, "g", ThreadKind.GROUP if thread_axes else ThreadKind.GLOBAL), (thread_axes, "l", ThreadKind.LOCAL)):
+      for position, axis in enumerate(axes):
+        name, size, dim = f"{prefix}idx{axis}", kernel.full_shape[axis], len(axes) - 1 - position
+        self.thread_idxs[axis] = Variable(name, 0, size - 1)
+        if self.threads: self.loop_uops[name] = self.uop(UOps.SPECIAL, self.index_dtype, (), ThreadIndex(dim, name, size, kind), pure=False)
     assert self.threads or not thread_axes, "LOCAL and GROUP axes need a GPU"
     return [] if self.threads else [self.loop(f"gidx{axis}", kernel.full_shape[axis], axis, outermost_global=axis == global_axes[0])
                                     for axis in global_axes]
@@ -271,11 +260,10 @@ class Linearizer:
   def store(self, store: LazyOp, outer: Scope) -> None:
     """Store one output: along the output axes, and, for a row, the reduce-side axes it spans."""
     kernel, number = self.kernel, self.kernel.bufs.index(store.arg)
-    spanned = [axis for axis in kernel.axes(*REDUCE_SIDE) if kernel.spans(number, axis)]
-    scope = Scope(dict(outer.bound), sorted(outer.lane_axes + [axis for axis in spanned if kernel.kinds[axis] is AxisKind.UNROLL]),
-                  dict(outer.reduced))
-    scope.bound.update({axis: self.thread_idxs[axis] for axis in spanned if kernel.kinds[axis] is AxisKind.GROUP})
-    loops = self.walk_loops([axis for axis in spanned if kernel.kinds[axis] is AxisKind.REDUCE], store.src[0], scope)
+    spanned = {kind: [axis for axis in kernel.axes(kind) if kernel.spans(number, axis)] for kind in REDUCE_SIDE}
+    scope = Scope(outer.bound | {axis: self.thread_idxs[axis] for axis in spanned[AxisKind.GROUP]},
+                  sorted(outer.lane_axes + spanned[AxisKind.UNROLL]), dict(outer.reduced))
+    loops = self.walk_loops(spanned[AxisKind.REDUCE], store.src[0], scope)
     lanes = self.lanes(scope)
     values = self.parse(store.src[0], lanes, scope)
     self.write(self.globals[store.arg.idx], lanes.sizes, values, [kernel.sts[number].expr_idxs(idxs) for idxs in lanes.idxs])
@@ -290,8 +278,8 @@ class Linearizer:
     key_axes = [axis for axis in outer.lane_axes if axis in self.value_axes(reduceop)]  # an accumulator for each of their lanes
     keys = list(itertools.product(*[range(kernel.full_shape[axis]) for axis in key_axes]))
     accs = self.define_accs(reduceop, len(keys))
-    scope = Scope(dict(outer.bound), sorted(key_axes + own[AxisKind.UNROLL]), dict(outer.reduced))
-    scope.bound.update({axis: self.thread_idxs[axis] for axis in own[AxisKind.GROUP]})
+    scope = Scope(outer.bound | {axis: self.thread_idxs[axis] for axis in own[AxisKind.GROUP]},
+                  sorted(key_axes + own[AxisKind.UNROLL]), dict(outer.reduced))
     if self.tiles:  # the first trip's tiles (staged inputs), before the loops
       store_tiles(self, load_tiles(self, scope.bound, own[AxisKind.REDUCE], NumNode(0)))
       self.barrier()
@@ -325,23 +313,20 @@ class Linearizer:
     group_count = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GROUP))
     first_slot = flatten_node([self.thread_idxs[axis] for axis in local_axes], [kernel.full_shape[axis] for axis in local_axes]) * group_count
     if (memory := self._partials.get(reduceop)) is None:  # one buffer a reduce, however often it is computed: no barrier between reduces
-      name = "partials" + str(sum(uop.op is UOps.DEFINE_LOCAL for uop in self.uops) or "")
+      name = "partials" + str(len(self._locals) or "")
       memory = self._partials[reduceop] = self.define_local(reduceop.dtype, name, kernel.local_size * kernel.partial_lanes(reduceop))
-    def slot(index: Node, lane: int) -> UOp: return self.index(index * lanes + lane)
     def read(index: Node, lane: int) -> UOp:  # not pure: a value read before a barrier is stale after it
-      return self.uop(UOps.LOAD, reduceop.dtype, (memory, slot(index, lane)), pure=False)
-    for lane, partial in enumerate(partials): self.uop(UOps.STORE, None, (memory, slot(first_slot + member, lane), partial), pure=False)
+      return self.uop(UOps.LOAD, reduceop.dtype, (memory, self.index(index * lanes + lane)), pure=False)
+    def write(index: Node, lane: int, value: UOp) -> None: self.uop(UOps.STORE, None, (memory, self.index(index * lanes + lane), value), pure=False)
+    mine = first_slot + member
+    for lane, partial in enumerate(partials): write(mine, lane, partial)
     self.barrier()
     tree = group_count & (group_count - 1) == 0
-    half = group_count // 2 if tree else 0
-    while half >= 1:  # a few steps of log2(group) instead of one thread walking all partials
+    for half in [group_count >> step for step in range(1, group_count.bit_length())] if tree else []:  # log2(group) steps, not one walk
       step = self.open_if(member < half)
-      for lane in range(lanes):
-        added = self.alu(REDUCE_TO_ALU[op], reduceop.dtype, read(first_slot + member, lane), read(first_slot + member + half, lane))
-        self.uop(UOps.STORE, None, (memory, slot(first_slot + member, lane), added), pure=False)
+      for lane in range(lanes): write(mine, lane, self.alu(REDUCE_TO_ALU[op], reduceop.dtype, read(mine, lane), read(mine + half, lane)))
       self.end(step)
       self.barrier()
-      half //= 2
     if not everyone: self.open_ifs.append(self.open_if(member < 1))
     if tree: results = [read(first_slot, lane) for lane in range(lanes)]
     else:
@@ -356,8 +341,8 @@ class Linearizer:
   def define_local(self, dtype: DType, name: str, size: int) -> UOp:
     """Local memory, defined at the kernel's scope (OpenCL allows no other) wherever it is used."""
     memory = UOp(UOps.DEFINE_LOCAL, dtype, (), LocalBuffer(name, size))
-    self.uops.insert(self._locals_at, memory)
-    self._locals_at += 1
+    self.uops.insert(len(self.globals) + len(self._locals), memory)
+    self._locals.append(memory)
     return memory
 
   def barrier(self) -> None: self.uop(UOps.BARRIER, None, pure=False)
