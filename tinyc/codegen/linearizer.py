@@ -22,9 +22,8 @@ IDENTITY = {BinaryOps.ADD: 0, BinaryOps.MUL: 1}
 
 @dataclass
 class Scope:
-  """What code at one place of the kernel knows: the index of each bound axis (a thread id or an open loop), the lane axes
-  (each lane its own straight-line value), the reduces computed so far (reduce -> the lane axes its results are keyed by, and
-  the results), and, inside a staged reduce loop, which of the two tiles this trip reads."""
+  """What code at one place of the kernel knows: each bound axis's index (a thread id or open loop), the lane axes, the reduces
+  computed so far (-> the lane axes their results are keyed by, and the results), and which tile a staged reduce trip reads."""
   bound: dict[int, Node]
   lane_axes: list[int]
   reduced: dict[LazyOp, tuple[tuple[int, ...], dict[tuple[int, ...], UOp]]]
@@ -35,6 +34,14 @@ class Lanes:
   """The lanes of one computation: each lane's index of every axis, laid out row-major over `sizes` (one size a lane axis)."""
   idxs: list[list[Node]]
   sizes: list[int]
+
+RenderRule = Callable[[Any, Any, "Linearizer"], UOp]  # a Node type's rule for Node.render: (node, rules, linearizer) -> its UOp
+def _with_number(op: BinaryOps, dtype: DType | None = None) -> RenderRule:
+  """The rule for a Node `a <op> b` with a number b: one ALU UOp, of the index dtype unless `dtype` is given."""
+  return lambda node, ops, ctx: ctx.alu(op, dtype or ctx.index_dtype, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype))
+def _folded(op: BinaryOps, dtype: DType | None = None) -> RenderRule:
+  """The rule for a SumNode or AndNode: its terms' UOps folded with `op`."""
+  return lambda node, ops, ctx: functools.reduce(functools.partial(ctx.alu, op, dtype or ctx.index_dtype), [n.render(ops, ctx) for n in node.nodes])
 
 class Linearizer:
   """`threads`: the GLOBAL axes become thread ids (SPECIAL, for GPUs; see thread_indices), else loops (CPUs)."""
@@ -81,26 +88,22 @@ class Linearizer:
     if op in (BinaryOps.IDIV, BinaryOps.MOD) and not dtypes.is_float(dtype) and _is_const(src[1], 0): return self.const(0, dtype)  # see uops.py
     return self.uop(UOps.ALU, dtype, tuple(src), op)
 
-  def fold(self, op: Op, dtype: DType, values: list[UOp]) -> UOp: return functools.reduce(functools.partial(self.alu, op, dtype), values)
-
   def cast(self, value: UOp, dtype: DType) -> UOp:
     if value.dtype == dtype: return value
     if value.op is UOps.CONST: return self.const(value.arg, dtype)
     return self.uop(UOps.CAST, dtype, (value,))
 
   def loop(self, name: str, size: int, axis: int | None, outermost_global: bool = False) -> UOp:
+    # LLVM should vectorize across the trips only of a long loop along which every buffer moves by 0 or 1 elements: otherwise
+    # it takes gathers or masked tails, and packing the upcast lanes (SLP) is the better plan
+    vectorize = axis is not None and size >= 16 and all(
+      st.real_strides()[axis] in (0, 1) for st, buf in zip(self.kernel.sts, self.kernel.bufs) if isinstance(buf, MemBuffer))
     bounds = (self.const(0, self.index_dtype), self.const(size, self.index_dtype))
-    loop = self.uop(UOps.LOOP, self.index_dtype, bounds, Loop(name, self._worth_vectorizing(axis), outermost_global), pure=False)
+    loop = self.uop(UOps.LOOP, self.index_dtype, bounds, Loop(name, vectorize, outermost_global), pure=False)
     self.loop_uops[name] = loop
     self._open_loops.append(loop)
     self._scopes.append([])
     return loop
-
-  def _worth_vectorizing(self, axis: int | None) -> bool:
-    """Whether LLVM should vectorize across this loop's trips: only for a long loop along which every buffer moves by 0 or
-    1 elements. Otherwise it takes gathers or masked tails, and packing the upcast lanes (SLP) is the better plan."""
-    return axis is not None and self.kernel.full_shape[axis] >= 16 and all(
-      st.real_strides()[axis] in (0, 1) for st, buf in zip(self.kernel.sts, self.kernel.bufs) if isinstance(buf, MemBuffer))
 
   def end(self, loop: UOp) -> None:
     self.uop(UOps.END, None, (loop,), pure=False)
@@ -110,16 +113,11 @@ class Linearizer:
   # ---- index math: symbolic Nodes -> UOps ----
   def index(self, node: Node) -> UOp: return node.render(self._index_ops, self)
 
-  _index_ops: dict[type, Callable[[Any, Any, Linearizer], UOp]] = {
+  _index_ops: dict[type, RenderRule] = {
     Variable: lambda node, ops, ctx: ctx.loop_uops[node.expr],
     NumNode: lambda node, ops, ctx: ctx.const(node.b, ctx.index_dtype),
-    MulNode: lambda node, ops, ctx: ctx.alu(BinaryOps.MUL, ctx.index_dtype, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype)),
-    DivNode: lambda node, ops, ctx: ctx.alu(BinaryOps.IDIV, ctx.index_dtype, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype)),
-    ModNode: lambda node, ops, ctx: ctx.alu(BinaryOps.MOD, ctx.index_dtype, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype)),
-    LtNode: lambda node, ops, ctx: ctx.alu(BinaryOps.CMPLT, dtypes.bool, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype)),
-    SumNode: lambda node, ops, ctx: ctx.fold(BinaryOps.ADD, ctx.index_dtype, [n.render(ops, ctx) for n in node.nodes]),
-    AndNode: lambda node, ops, ctx: ctx.fold(BinaryOps.AND, dtypes.bool, [n.render(ops, ctx) for n in node.nodes]),
-  }
+    MulNode: _with_number(BinaryOps.MUL), DivNode: _with_number(BinaryOps.IDIV), ModNode: _with_number(BinaryOps.MOD),
+    LtNode: _with_number(BinaryOps.CMPLT, dtypes.bool), SumNode: _folded(BinaryOps.ADD), AndNode: _folded(BinaryOps.AND, dtypes.bool)}
 
   # ---- memory: each lane's element at its address, (index, validity); 16 bytes at once where lanes are neighbours ----
   def access(self, index: Node, valid: Node) -> tuple[UOp, tuple[UOp, ...]]:
@@ -146,7 +144,7 @@ class Linearizer:
 
   def write(self, memory: UOp, sizes: list[int], values: list[UOp], addresses: list[tuple[Node, Node]]) -> None:
     """Store each lane's value in `memory` (cast to its type), as `read` loads them: skipped where `valid` is 0, gated where it may be."""
-    dtype, stored = cast(DType, memory.dtype), set()
+    dtype, stored = cast(DType, memory.dtype), set[int]()
     for group, start in self.vector_groups(dtype, sizes, addresses):
       vector = self.uop(UOps.VECTORIZE, dtype.vec(len(group)), tuple(self.cast(values[lane], dtype) for lane in group))
       self.uop(UOps.STORE, None, (memory, self.index(start), vector), pure=False)
@@ -195,7 +193,8 @@ class Linearizer:
 
   def lanes(self, scope: Scope) -> Lanes:
     """Every combination of the scope's lane axes' values, each as one index per axis (an axis not bound reads index 0)."""
-    sizes, idxs = [self.kernel.full_shape[axis] for axis in scope.lane_axes], []
+    sizes = [self.kernel.full_shape[axis] for axis in scope.lane_axes]
+    idxs = []
     for values in itertools.product(*[range(size) for size in sizes]):
       at = scope.bound | {axis: NumNode(value) for axis, value in zip(scope.lane_axes, values)}
       idxs.append([at.get(axis, NumNode(0)) for axis in range(self.kernel.shape_len)])
@@ -239,8 +238,7 @@ class Linearizer:
   def value_axes(self, node: LazyOp) -> frozenset[int]: return self.kernel.value_axes(node, self._value_axes)
 
   def hoist(self, node: LazyOp, scope: Scope) -> None:
-    """Compute now the reduces in `node` (at any depth) whose value depends only on what `scope` has bound: each is computed
-    once per trip of the loops its value needs, not per element of the rest."""
+    """Compute now the reduces in `node` whose value depends only on what `scope` binds: once per trip of the loops it needs."""
     ready, inside = set(scope.bound) | set(scope.lane_axes), set(node.walk())
     for reduceop in self.kernel.reduceops:  # sources first: a reduce another one reads is computed out here, once
       if reduceop in inside and reduceop not in scope.reduced and self.value_axes(reduceop) <= ready: self.reduce(reduceop, scope)
@@ -270,9 +268,8 @@ class Linearizer:
     for loop in reversed(loops): self.end(loop)
 
   def reduce(self, reduceop: LazyOp, outer: Scope) -> None:
-    """Accumulate the reduce's input over its axes, one accumulator per lane of `outer`, and record the results in `outer`.
-    After a GROUP, every thread of the group gets the results, unless this is the kernel's last reduce and no output is a row
-    (then only the threads with group id 0 go on)."""
+    """Accumulate the reduce's input over its axes, one accumulator per lane of `outer` it depends on, and record the results
+    in `outer`. After a GROUP, every thread gets them, except after the last reduce, outside loops, with no row to store."""
     kernel, number, op = self.kernel, self.kernel.reduceops.index(reduceop), cast(ReduceOps, reduceop.op)
     own = {kind: [axis for axis in kernel.axes(kind) if number in kernel.owners[axis]] for kind in REDUCE_SIDE}
     key_axes = [axis for axis in outer.lane_axes if axis in self.value_axes(reduceop)]  # an accumulator for each of their lanes
@@ -280,20 +277,17 @@ class Linearizer:
     accs = self.define_accs(reduceop, len(keys))
     scope = Scope(outer.bound | {axis: self.thread_idxs[axis] for axis in own[AxisKind.GROUP]},
                   sorted(key_axes + own[AxisKind.UNROLL]), dict(outer.reduced))
-    if self.tiles:  # the first trip's tiles (staged inputs), before the loops
-      store_tiles(self, load_tiles(self, scope.bound, own[AxisKind.REDUCE], NumNode(0)))
-      self.barrier()
+    if self.tiles: store_tiles(self, load_tiles(self, scope.bound, own[AxisKind.REDUCE], NumNode(0)))  # the first trip's, before the loops
     loops = self.walk_loops(own[AxisKind.REDUCE], reduceop.src[0], scope)
     if self.tiles:  # load the next trip's tiles (the first again after the last) now, store them after this trip's work
       trip = flatten_node([scope.bound[axis] for axis in own[AxisKind.REDUCE]], [kernel.full_shape[axis] for axis in own[AxisKind.REDUCE]])
-      scope.tile_parity, upcoming = trip % 2, load_tiles(self, scope.bound, own[AxisKind.REDUCE], trip + 1)
+      scope.tile_parity = trip % 2
+      upcoming = load_tiles(self, scope.bound, own[AxisKind.REDUCE], trip + 1)
     lanes = self.lanes(scope)
     values = self.parse(reduceop.src[0], lanes, scope)
     for idxs, value in zip(lanes.idxs, values):
       self.accumulate(op, accs[keys.index(tuple(cast(NumNode, idxs[axis]).b for axis in key_axes))], value)
-    if self.tiles:  # into the other tile, which every thread finished reading before the last barrier
-      store_tiles(self, upcoming)
-      self.barrier()
+    if self.tiles: store_tiles(self, upcoming)  # into the other tile, which every thread finished reading before the last barrier
     for loop in reversed(loops): self.end(loop)
     partials = [self.uop(UOps.LOAD, reduceop.dtype, (acc,), pure=False) for acc in accs]
     if own[AxisKind.GROUP]:
@@ -303,11 +297,9 @@ class Linearizer:
     outer.reduced[reduceop] = (tuple(key_axes), dict(zip(keys, partials)))
 
   def group_reduce(self, reduceop: LazyOp, partials: list[UOp], everyone: bool) -> list[UOp]:
-    """Finish a reduce split across the work-group: every thread writes its partial results to local memory; then a tree (for a
-    power-of-two group: half the threads add the other half's partials, barrier, and again) or, for other sizes, the threads
-    with group id 0 alone reduce their group's partials. The rest of the kernel runs only in the threads with group id 0, or,
-    with `everyone`, every thread reads the result (each walks the partials itself for other sizes; inside a loop, a barrier
-    after the reads lets the next trip write the partials again)."""
+    """Finish a reduce split across the work-group: the threads' partial results meet in local memory, where a tree adds them up
+    (for a power-of-two group: half the threads add the other half's, barrier, and again) or each reading thread walks them all.
+    Then every thread reads the results (`everyone`), or only those with group id 0 go on."""
     kernel, lanes, op = self.kernel, len(partials), cast(ReduceOps, reduceop.op)
     local_axes, member = kernel.axes(AxisKind.LOCAL), self.group_member()
     group_count = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GROUP))

@@ -1,8 +1,6 @@
-"""Layer 3: staged inputs (STAGE), read through local memory. Each reduce loop trip, the work-group's threads copy the tile of
-a staged buffer that the trip reads into local memory together (VECTOR_WIDTH neighbours each where the tile allows), and
-every thread reads its lanes from there. Two tiles alternate: a thread loads the next trip's tile into registers before this
-trip's work and stores it into the other tile after, so one barrier a trip suffices. Imports dtype, helpers, ops, shape/,
-codegen/kernel, codegen/uops; the Linearizer passes itself in.
+"""Layer 3: staged inputs (STAGE, see codegen/kernel.py), read through local memory. Two tiles alternate: a thread loads the next
+trip's tile into registers before this trip's work and stores it into the other tile after, so one barrier a trip suffices.
+Imports dtype, helpers, ops, shape/, codegen/kernel, codegen/uops; the Linearizer passes itself in.
 """
 from __future__ import annotations
 import math
@@ -53,12 +51,11 @@ def define_tile(ctx: Linearizer, number: int) -> Tile:
   return Tile(number, memory, layout, size, load_order)
 
 def load_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], trip: Node) -> list[TileShare]:
-  """This thread's share of every tile for reduce loop trip `trip` (over `reduce_axes`), `bound` giving the thread's GLOBAL
-  and LOCAL indices: the work-group's threads take turns along the buffer's memory order, VECTOR_WIDTH neighbours each where
-  the tile allows; in a last partial turn only some threads load."""
+  """This thread's share of every tile for reduce loop trip `trip` over `reduce_axes` (`bound`: its GLOBAL and LOCAL indices): the
+  threads take turns along the buffer's memory order, VECTOR_WIDTH neighbours each where the tile allows (a last turn gated)."""
   kernel, shares = ctx.kernel, []
   trip_sizes = tuple(kernel.full_shape[axis] for axis in reduce_axes)
-  trip_idxs = dict(zip(reduce_axes, unflatten_node(trip % prod(trip_sizes), trip_sizes)))
+  placed = bound | dict(zip(reduce_axes, unflatten_node(trip % prod(trip_sizes), trip_sizes)))  # the axes the tile does not spread over
   local_axes, spread_axes = kernel.axes(AxisKind.LOCAL), kernel.axes(AxisKind.LOCAL, *LANES)  # the tile spreads over these
   thread = flatten_node([bound[axis] for axis in local_axes], [kernel.full_shape[axis] for axis in local_axes])
   for tile in ctx.tiles.values():
@@ -72,8 +69,7 @@ def load_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], 
       coords = dict(zip(outer_axes, unflatten_node(run // runs_per_row, tuple(kernel.full_shape[axis] for axis in outer_axes))))
       for lane in range(width):
         coords[inner] = (run % runs_per_row) * width + lane
-        lanes.append([coords.get(axis, NumNode(0)) if axis in spread_axes else trip_idxs.get(axis, bound.get(axis, NumNode(0)))
-                      for axis in range(kernel.shape_len)])
+        lanes.append([coords.get(axis, NumNode(0)) if axis in spread_axes else placed.get(axis, NumNode(0)) for axis in range(kernel.shape_len)])
         gates.append(run < runs)
     buf, st = cast(MemBuffer, kernel.bufs[tile.number]), kernel.sts[tile.number]  # STAGE takes only inputs
     memory, sizes, sources = ctx.globals[buf.idx], [len(lanes) // width, width], [st.expr_idxs(idxs) for idxs in lanes]
@@ -83,5 +79,6 @@ def load_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], 
   return shares
 
 def store_tiles(ctx: Linearizer, shares: list[TileShare]) -> None:
-  """Each thread's share into its tile."""
+  """Each thread's share into its tile, then a barrier: every thread reads the whole tile."""
   for share in shares: ctx.write(share.memory, share.sizes, share.values, share.addresses)
+  ctx.barrier()

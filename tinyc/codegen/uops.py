@@ -100,12 +100,10 @@ def cast_python_value(value: Any, dtype: DType) -> Any:
 
 def executed(uops: list[UOp], counted: Callable[[UOp], bool]) -> int:
   """How often the `counted` uops run: each once per iteration of the loops around it (and per GPU thread)."""
-  total, trips, loop_sizes = 0, 1, []
+  total, trips = 0, 1
   for uop in uops:
-    if uop.op is UOps.LOOP:
-      loop_sizes.append(uop.src[1].arg)
-      trips *= uop.src[1].arg
-    elif uop.op is UOps.END and uop.src[0].op is UOps.LOOP: trips //= loop_sizes.pop()
+    if uop.op is UOps.LOOP: trips *= uop.src[1].arg
+    elif uop.op is UOps.END and uop.src[0].op is UOps.LOOP: trips //= uop.src[0].src[1].arg
     elif uop.op is UOps.SPECIAL: trips *= uop.arg.size  # one GPU thread per index
     elif counted(uop): total += trips
   return total
