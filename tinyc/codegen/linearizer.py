@@ -19,6 +19,7 @@ from tinyc.codegen.tiles import Tile, define_tile, load_tiles, store_tiles
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
 IDENTITY = {BinaryOps.ADD: 0, BinaryOps.MUL: 1}
+Address = tuple[Node, Node]  # where a lane reads or writes memory: (index, validity)
 
 @dataclass
 class Scope:
@@ -133,7 +134,7 @@ class Linearizer:
     index_uop, gate = self.access(index, valid)
     return self.uop(UOps.LOAD, dtype, (memory, index_uop) + gate)
 
-  def read(self, memory: UOp, sizes: list[int], addresses: list[tuple[Node, Node]], dtype: DType) -> list[UOp]:
+  def read(self, memory: UOp, sizes: list[int], addresses: list[Address], dtype: DType) -> list[UOp]:
     """Each lane's element of `memory` (lanes laid out as `sizes`) as `dtype`: vector loads where vector_groups finds them, else one by one."""
     memory_dtype = cast(DType, memory.dtype)
     values: list[UOp | None] = [None] * len(addresses)
@@ -142,7 +143,7 @@ class Linearizer:
       for lane_number, lane in enumerate(group): values[lane] = self.uop(UOps.GEP, memory_dtype, (vector,), lane_number)
     return [self.cast(value if value is not None else self.load(memory, *address), dtype) for value, address in zip(values, addresses)]
 
-  def write(self, memory: UOp, sizes: list[int], values: list[UOp], addresses: list[tuple[Node, Node]]) -> None:
+  def write(self, memory: UOp, sizes: list[int], values: list[UOp], addresses: list[Address]) -> None:
     """Store each lane's value in `memory` (cast to its type), as `read` loads them: skipped where `valid` is 0, gated where it may be."""
     dtype, stored = cast(DType, memory.dtype), set[int]()
     for group, start in self.vector_groups(dtype, sizes, addresses):
@@ -154,20 +155,15 @@ class Linearizer:
       index_uop, gate = self.access(index, valid)
       self.uop(UOps.STORE, None, (memory, index_uop, self.cast(value, dtype)) + gate, pure=False)
 
-  def vector_groups(self, dtype: DType, sizes: list[int], addresses: list[tuple[Node, Node]]) -> list[tuple[list[int], Node]]:
+  def vector_groups(self, dtype: DType, sizes: list[int], addresses: list[Address]) -> list[tuple[list[int], Node]]:
     """Groups of VECTOR_WIDTH lanes (laid out as `sizes`) at neighbouring valid addresses from an aligned index, with that index:
     each is one 16-byte load or store. Only on GPUs, for 4-byte types, along one upcast axis."""
     if not self.threads or dtype not in (dtypes.float32, dtypes.int32, dtypes.uint32): return []
     for position, size in enumerate(sizes):
       if size % VECTOR_WIDTH: continue
-      stride, groups = prod(sizes[position + 1:]), []
-      for first in (lane for lane in range(len(addresses)) if (lane // stride) % VECTOR_WIDTH == 0):
-        members = [first + i * stride for i in range(VECTOR_WIDTH)]
-        start = addresses[first][0]
-        neighbours = all(addresses[lane][1].min == 1 and addresses[lane][0] - start == i for i, lane in enumerate(members))
-        if start % VECTOR_WIDTH != 0 or not neighbours: break
-        groups.append((members, start))
-      else: return groups
+      stride = prod(sizes[position + 1:])
+      groups = [[first + i * stride for i in range(VECTOR_WIDTH)] for first in range(len(addresses)) if (first // stride) % VECTOR_WIDTH == 0]
+      if all(_neighbours(addresses, group) for group in groups): return [(group, addresses[group[0]][0]) for group in groups]
     return []
 
   # ---- the AST -> UOps ----
@@ -258,10 +254,9 @@ class Linearizer:
   def store(self, store: LazyOp, outer: Scope) -> None:
     """Store one output: along the output axes, and, for a row, the reduce-side axes it spans."""
     kernel, number = self.kernel, self.kernel.bufs.index(store.arg)
-    spanned = {kind: [axis for axis in kernel.axes(kind) if kernel.spans(number, axis)] for kind in REDUCE_SIDE}
-    scope = Scope(outer.bound | {axis: self.thread_idxs[axis] for axis in spanned[AxisKind.GROUP]},
-                  sorted(outer.lane_axes + spanned[AxisKind.UNROLL]), dict(outer.reduced))
-    loops = self.walk_loops(spanned[AxisKind.REDUCE], store.src[0], scope)
+    grouped, looped, unrolled = ([axis for axis in kernel.axes(kind) if kernel.spans(number, axis)] for kind in REDUCE_SIDE)
+    scope = Scope(outer.bound | {axis: self.thread_idxs[axis] for axis in grouped}, sorted(outer.lane_axes + unrolled), dict(outer.reduced))
+    loops = self.walk_loops(looped, store.src[0], scope)
     lanes = self.lanes(scope)
     values = self.parse(store.src[0], lanes, scope)
     self.write(self.globals[store.arg.idx], lanes.sizes, values, [kernel.sts[number].expr_idxs(idxs) for idxs in lanes.idxs])
@@ -271,18 +266,17 @@ class Linearizer:
     """Accumulate the reduce's input over its axes, one accumulator per lane of `outer` it depends on, and record the results
     in `outer`. After a GROUP, every thread gets them, except after the last reduce, outside loops, with no row to store."""
     kernel, number, op = self.kernel, self.kernel.reduceops.index(reduceop), cast(ReduceOps, reduceop.op)
-    own = {kind: [axis for axis in kernel.axes(kind) if number in kernel.owners[axis]] for kind in REDUCE_SIDE}
+    grouped, looped, unrolled = ([axis for axis in kernel.axes(kind) if number in kernel.owners[axis]] for kind in REDUCE_SIDE)
     key_axes = [axis for axis in outer.lane_axes if axis in self.value_axes(reduceop)]  # an accumulator for each of their lanes
     keys = list(itertools.product(*[range(kernel.full_shape[axis]) for axis in key_axes]))
     accs = self.define_accs(reduceop, len(keys))
-    scope = Scope(outer.bound | {axis: self.thread_idxs[axis] for axis in own[AxisKind.GROUP]},
-                  sorted(key_axes + own[AxisKind.UNROLL]), dict(outer.reduced))
-    if self.tiles: store_tiles(self, load_tiles(self, scope.bound, own[AxisKind.REDUCE], NumNode(0)))  # the first trip's, before the loops
-    loops = self.walk_loops(own[AxisKind.REDUCE], reduceop.src[0], scope)
+    scope = Scope(outer.bound | {axis: self.thread_idxs[axis] for axis in grouped}, sorted(key_axes + unrolled), dict(outer.reduced))
+    if self.tiles: store_tiles(self, load_tiles(self, scope.bound, looped, NumNode(0)))  # the first trip's, before the loops
+    loops = self.walk_loops(looped, reduceop.src[0], scope)
     if self.tiles:  # load the next trip's tiles (the first again after the last) now, store them after this trip's work
-      trip = flatten_node([scope.bound[axis] for axis in own[AxisKind.REDUCE]], [kernel.full_shape[axis] for axis in own[AxisKind.REDUCE]])
+      trip = flatten_node([scope.bound[axis] for axis in looped], [kernel.full_shape[axis] for axis in looped])
       scope.tile_parity = trip % 2
-      upcoming = load_tiles(self, scope.bound, own[AxisKind.REDUCE], trip + 1)
+      upcoming = load_tiles(self, scope.bound, looped, trip + 1)
     lanes = self.lanes(scope)
     values = self.parse(reduceop.src[0], lanes, scope)
     for idxs, value in zip(lanes.idxs, values):
@@ -290,7 +284,7 @@ class Linearizer:
     if self.tiles: store_tiles(self, upcoming)  # into the other tile, which every thread finished reading before the last barrier
     for loop in reversed(loops): self.end(loop)
     partials = [self.uop(UOps.LOAD, reduceop.dtype, (acc,), pure=False) for acc in accs]
-    if own[AxisKind.GROUP]:
+    if grouped:
       last = reduceop is kernel.reduceops[-1] and all(other in outer.reduced for other in kernel.reduceops[:-1])
       everyone = bool(self._open_loops) or not last or kernel.stores_rows
       partials = self.group_reduce(reduceop, partials, everyone)
@@ -353,3 +347,7 @@ class Linearizer:
     self.uop(UOps.STORE, None, (acc, self.alu(REDUCE_TO_ALU[op], cast(DType, acc.dtype), current, value)), pure=False)
 
 def _is_const(uop: UOp, value: Any) -> bool: return uop.op is UOps.CONST and uop.arg == value
+def _neighbours(addresses: list[Address], lanes: list[int]) -> bool:
+  """Whether these lanes' addresses are valid and neighbouring, in order, from an aligned index."""
+  start = addresses[lanes[0]][0]
+  return start % VECTOR_WIDTH == 0 and all(addresses[lane][1].min == 1 and addresses[lane][0] - start == i for i, lane in enumerate(lanes))

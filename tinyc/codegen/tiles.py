@@ -14,7 +14,7 @@ from tinyc.shape.symbolic import Node, NumNode
 from tinyc.shape.view import View, strides_for_shape
 from tinyc.codegen.uops import VECTOR_WIDTH, UOp
 from tinyc.codegen.kernel import LANES, AxisKind
-if TYPE_CHECKING: from tinyc.codegen.linearizer import Linearizer
+if TYPE_CHECKING: from tinyc.codegen.linearizer import Address, Linearizer
 
 @dataclass(frozen=True)
 class Tile:
@@ -32,7 +32,7 @@ class TileShare:
   memory: UOp
   sizes: list[int]
   values: list[UOp]
-  addresses: list[tuple[Node, Node]]
+  addresses: list[Address]
 
 def define_tile(ctx: Linearizer, number: int) -> Tile:
   """Local memory for two tiles of staged buffer `number`. A tile lays out the unrolled reduce axes outermost, then the other
