@@ -18,8 +18,7 @@ def outermost_global_loop(uops: list[UOp]) -> UOp | None:
   return next((uop for uop in uops if uop.op is UOps.LOOP and uop.arg.outermost_global), None)
 
 def outer_split(uops: list[UOp]) -> tuple[int, int] | None:
-  """(the trips of the outermost global loop, the fewest of them worth a thread of their own) for a kernel worth at least two
-  threads; None for one that runs on a single thread (no global loop, or too little work)."""
+  """(the outermost global loop's trips, the fewest worth a thread) for a kernel worth two threads or more, else None."""
   if (loop := outermost_global_loop(uops)) is None: return None
   rows, work = loop.src[1].arg, executed(uops, lambda uop: uop.op in (UOps.ALU, UOps.LOAD, UOps.STORE))
   min_rows = -(-CPU_WORK_PER_THREAD * rows // max(work, 1))  # rounded up

@@ -7,7 +7,7 @@ A UOp made inside a loop is only reused inside that loop, so every renderer can 
 from __future__ import annotations
 import functools, itertools
 from dataclasses import dataclass
-from typing import Any, Callable, cast
+from typing import Any, Callable, NamedTuple, cast
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import DEBUG, prod
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, ReduceOps, TernaryOps, UnaryOps
@@ -30,18 +30,17 @@ class Scope:
   reduced: dict[LazyOp, tuple[tuple[int, ...], dict[tuple[int, ...], UOp]]]
   tile_parity: Node | None = None
 
-@dataclass(frozen=True)
-class Lanes:
+class Lanes(NamedTuple):
   """The lanes of one computation: each lane's index of every axis, laid out row-major over `sizes` (one size a lane axis)."""
   idxs: list[list[Node]]
   sizes: list[int]
 
-RenderRule = Callable[[Any, Any, "Linearizer"], UOp]  # a Node type's rule for Node.render: (node, rules, linearizer) -> its UOp
+# the rule of a Node type for Node.render: (node, rules, linearizer) -> its UOp. `a <op> b` with a number b is one ALU UOp (of
+# the index dtype unless `dtype` is given); a SumNode or AndNode folds its terms with `op`
+RenderRule = Callable[[Any, Any, "Linearizer"], UOp]
 def _with_number(op: BinaryOps, dtype: DType | None = None) -> RenderRule:
-  """The rule for a Node `a <op> b` with a number b: one ALU UOp, of the index dtype unless `dtype` is given."""
   return lambda node, ops, ctx: ctx.alu(op, dtype or ctx.index_dtype, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype))
 def _folded(op: BinaryOps, dtype: DType | None = None) -> RenderRule:
-  """The rule for a SumNode or AndNode: its terms' UOps folded with `op`."""
   return lambda node, ops, ctx: functools.reduce(functools.partial(ctx.alu, op, dtype or ctx.index_dtype), [n.render(ops, ctx) for n in node.nodes])
 
 class Linearizer:
@@ -286,8 +285,7 @@ class Linearizer:
     partials = [self.uop(UOps.LOAD, reduceop.dtype, (acc,), pure=False) for acc in accs]
     if grouped:
       last = reduceop is kernel.reduceops[-1] and all(other in outer.reduced for other in kernel.reduceops[:-1])
-      everyone = bool(self._open_loops) or not last or kernel.stores_rows
-      partials = self.group_reduce(reduceop, partials, everyone)
+      partials = self.group_reduce(reduceop, partials, everyone=bool(self._open_loops) or not last or kernel.stores_rows)
     outer.reduced[reduceop] = (tuple(key_axes), dict(zip(keys, partials)))
 
   def group_reduce(self, reduceop: LazyOp, partials: list[UOp], everyone: bool) -> list[UOp]:
@@ -303,14 +301,16 @@ class Linearizer:
       memory = self._partials[reduceop] = self.define_local(reduceop.dtype, name, kernel.local_size * kernel.partial_lanes(reduceop))
     def read(index: Node, lane: int) -> UOp:  # not pure: a value read before a barrier is stale after it
       return self.uop(UOps.LOAD, reduceop.dtype, (memory, self.index(index * lanes + lane)), pure=False)
-    def write(index: Node, lane: int, value: UOp) -> None: self.uop(UOps.STORE, None, (memory, self.index(index * lanes + lane), value), pure=False)
+    def write(index: Node, lane: int, value: UOp) -> None:
+      self.uop(UOps.STORE, None, (memory, self.index(index * lanes + lane), value), pure=False)
     mine = first_slot + member
     for lane, partial in enumerate(partials): write(mine, lane, partial)
     self.barrier()
     tree = group_count & (group_count - 1) == 0
     for half in [group_count >> step for step in range(1, group_count.bit_length())] if tree else []:  # log2(group) steps, not one walk
       step = self.open_if(member < half)
-      for lane in range(lanes): write(mine, lane, self.alu(REDUCE_TO_ALU[op], reduceop.dtype, read(mine, lane), read(mine + half, lane)))
+      for lane in range(lanes):
+        write(mine, lane, self.alu(REDUCE_TO_ALU[op], reduceop.dtype, read(mine, lane), read(mine + half, lane)))
       self.end(step)
       self.barrier()
     if not everyone: self.open_ifs.append(self.open_if(member < 1))

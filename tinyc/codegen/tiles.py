@@ -5,7 +5,7 @@ Imports dtype, helpers, ops, shape/, codegen/kernel, codegen/uops; the Linearize
 from __future__ import annotations
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 from tinyc.dtype import dtypes
 from tinyc.helpers import prod
 from tinyc.ops import MemBuffer
@@ -26,8 +26,7 @@ class Tile:
   load_order: list[int]  # the tile's axes in the buffer's memory order, outermost first
   def index(self, idxs: list[Node], parity: Node) -> Node: return self.layout.expr_idxs(idxs) + parity * self.size
 
-@dataclass(frozen=True)
-class TileShare:
+class TileShare(NamedTuple):
   """What one thread copies into a tile: values (laid out as `sizes`) and each one's address there (index, gate)."""
   memory: UOp
   sizes: list[int]
