@@ -143,8 +143,9 @@ class Linearizer:
     return [self.cast(value if value is not None else self.load(memory, *address), dtype) for value, address in zip(values, addresses)]
 
   def write(self, memory: UOp, sizes: list[int], values: list[UOp], addresses: list[Address]) -> None:
-    """Store each lane's value in `memory` (cast to its type), as `read` loads them: skipped where `valid` is 0, gated where it may be."""
-    dtype, stored = cast(DType, memory.dtype), set[int]()
+    """Store each lane's value in `memory` (cast to its type) as `read` loads: none where invalid, gated where it may be."""
+    dtype = cast(DType, memory.dtype)
+    stored: set[int] = set()
     for group, start in self.vector_groups(dtype, sizes, addresses):
       vector = self.uop(UOps.VECTORIZE, dtype.vec(len(group)), tuple(self.cast(values[lane], dtype) for lane in group))
       self.uop(UOps.STORE, None, (memory, self.index(start), vector), pure=False)
@@ -189,11 +190,8 @@ class Linearizer:
   def lanes(self, scope: Scope) -> Lanes:
     """Every combination of the scope's lane axes' values, each as one index per axis (an axis not bound reads index 0)."""
     sizes = [self.kernel.full_shape[axis] for axis in scope.lane_axes]
-    idxs = []
-    for values in itertools.product(*[range(size) for size in sizes]):
-      at = scope.bound | {axis: NumNode(value) for axis, value in zip(scope.lane_axes, values)}
-      idxs.append([at.get(axis, NumNode(0)) for axis in range(self.kernel.shape_len)])
-    return Lanes(idxs, sizes)
+    lane_values = [dict(zip(scope.lane_axes, map(NumNode, values))) for values in itertools.product(*map(range, sizes))]
+    return Lanes([[at.get(axis, scope.bound.get(axis, NumNode(0))) for axis in range(self.kernel.shape_len)] for at in lane_values], sizes)
 
   def linearize(self) -> list[UOp]:
     kernel = self.kernel
