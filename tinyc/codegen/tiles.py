@@ -71,7 +71,8 @@ def load_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], 
         lanes.append([coords.get(axis, NumNode(0)) if axis in spread_axes else placed.get(axis, NumNode(0)) for axis in range(kernel.shape_len)])
         gates.append(run < runs)
     buf, st = cast(MemBuffer, kernel.bufs[tile.number]), kernel.sts[tile.number]  # STAGE takes only inputs
-    memory, sizes, sources = ctx.globals[buf.idx], [len(lanes) // width, width], [st.expr_idxs(idxs) for idxs in lanes]
+    memory, sizes = ctx.globals[buf.idx], [len(lanes) // width, width]
+    sources = [st.expr_idxs(idxs) for idxs in lanes]
     if fits: values = ctx.read(memory, sizes, sources, buf.dtype)
     else: values = [ctx.load(memory, index, Node.ands([valid, gate])) for (index, valid), gate in zip(sources, gates)]
     shares.append(TileShare(tile.memory, sizes, values, [(tile.index(idxs, trip % 2), gate) for idxs, gate in zip(lanes, gates)]))
