@@ -11,22 +11,18 @@ from tinyc.codegen.uops import UOp, UOps, executed
 # Waking a pool thread for a range and joining it costs 30-90 us (measured on a 2-core KVM guest), so a thread's share should be
 # several times that. There, two threads ran a 384x384 matmul (265M ops) 1.2-1.5x faster, a 256x256 one (79M) no faster, and
 # made a 1M-element a*a+a (4M) or a 4x4 kernel slower. 32M ops is ~0.15 ms of one core in a matmul, ~1 ms in exp or copies.
-CPU_WORK_PER_THREAD = 32 << 20  # ops executed (see executed_ops)
-
-def executed_ops(uops: list[UOp]) -> int:
-  """The ALU ops, loads and stores a kernel executes: each counts once per iteration of the loops around it."""
-  return executed(uops, lambda uop: uop.op in (UOps.ALU, UOps.LOAD, UOps.STORE))
+CPU_WORK_PER_THREAD = 32 << 20  # ALU ops, loads and stores executed
 
 def outermost_global_loop(uops: list[UOp]) -> UOp | None:
   """The LOOP the linearizer marked as the kernel's outermost global loop (Loop.outermost_global); None in a kernel without one."""
   return next((uop for uop in uops if uop.op is UOps.LOOP and uop.arg.outermost_global), None)
 
 def outer_split(uops: list[UOp]) -> tuple[int, int] | None:
-  """(the trips of the outermost global loop, the fewest of them worth a thread of their own) for a kernel worth at least two
-  threads; None for one that runs on a single thread (no global loop, or too little work)."""
+  """(the outermost global loop's trips, the fewest worth a thread) for a kernel worth two threads or more, else None."""
   if (loop := outermost_global_loop(uops)) is None: return None
   rows = loop.src[1].arg
-  min_rows = -(-CPU_WORK_PER_THREAD * rows // max(executed_ops(uops), 1))  # rounded up
+  work = executed(uops, lambda uop: uop.op in (UOps.ALU, UOps.LOAD, UOps.STORE))
+  min_rows = -(-CPU_WORK_PER_THREAD * rows // max(work, 1))  # rounded up
   return (rows, min_rows) if rows >= 2 * min_rows else None
 
 def split_range(rows: int, min_rows: int, threads: int) -> list[tuple[int, int]]:

@@ -5,39 +5,46 @@ Equal pure UOps are made once (common-subexpression elimination) and constant op
 A UOp made inside a loop is only reused inside that loop, so every renderer can scope variables by loop.
 """
 from __future__ import annotations
-import itertools
+import functools, itertools
 from dataclasses import dataclass
-from typing import Any, Callable, cast
+from typing import Any, Callable, NamedTuple, cast
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import DEBUG, prod
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, ReduceOps, TernaryOps, UnaryOps
-from tinyc.shape.shapetracker import flatten_node, unflatten_node
+from tinyc.shape.shapetracker import flatten_node
 from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, simplify_given_valid
 from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel
 from tinyc.codegen.uops import PYTHON_ALU, VECTOR_WIDTH, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind, UOp, UOps, cast_python_value
-from tinyc.codegen.tiles import Tile, define_tile, load_tiles, read_tile, store_tiles
+from tinyc.codegen.tiles import Tile, define_tile, load_tiles, store_tiles
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
+IDENTITY = {BinaryOps.ADD: 0, BinaryOps.MUL: 1}
+Address = tuple[Node, Node]  # where a lane reads or writes memory: (index, validity)
 
 @dataclass
 class Scope:
-  """What code at one place of the kernel knows: the index of each bound axis (a thread id or an open loop), the lane axes
-  (each lane its own straight-line value), the reduces computed so far (reduce -> the lane axes its results are keyed by, and
-  the results), and, inside a staged reduce loop, which of the two tiles this trip reads."""
+  """What code at one place of the kernel knows: each bound axis's index (a thread id or open loop), the lane axes, the reduces
+  computed so far (-> the lane axes their results are keyed by, and the results), and which tile a staged reduce trip reads."""
   bound: dict[int, Node]
   lane_axes: list[int]
   reduced: dict[LazyOp, tuple[tuple[int, ...], dict[tuple[int, ...], UOp]]]
   tile_parity: Node | None = None
 
-@dataclass(frozen=True)
-class Lanes:
+class Lanes(NamedTuple):
   """The lanes of one computation: each lane's index of every axis, laid out row-major over `sizes` (one size a lane axis)."""
   idxs: list[list[Node]]
   sizes: list[int]
 
+# the rule of a Node type for Node.render: (node, rules, linearizer) -> its UOp. `a <op> b` with a number b is one ALU UOp (of
+# the index dtype unless `dtype` is given); a SumNode or AndNode folds its terms with `op`
+RenderRule = Callable[[Any, Any, "Linearizer"], UOp]
+def _with_number(op: BinaryOps, dtype: DType | None = None) -> RenderRule:
+  return lambda node, ops, ctx: ctx.alu(op, dtype or ctx.index_dtype, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype))
+def _folded(op: BinaryOps, dtype: DType | None = None) -> RenderRule:
+  return lambda node, ops, ctx: functools.reduce(functools.partial(ctx.alu, op, dtype or ctx.index_dtype), [n.render(ops, ctx) for n in node.nodes])
+
 class Linearizer:
-  """`threads`: the global axes become thread ids (SPECIAL, for GPUs; the last axis is dimension 0 so neighbouring threads
-  touch neighbouring memory), else loops (CPUs)."""
+  """`threads`: the GLOBAL axes become thread ids (SPECIAL, for GPUs; see thread_indices), else loops (CPUs)."""
   def __init__(self, kernel: Kernel, threads: bool = False) -> None:
     self.kernel, self.threads = kernel, threads
     self.uops: list[UOp] = []
@@ -46,13 +53,16 @@ class Linearizer:
     self.loop_uops: dict[str, UOp] = {}
     self.thread_idxs: dict[int, Node] = {}  # the index variable of each GLOBAL, LOCAL and GROUP axis
     self.open_ifs: list[UOp] = []  # blocks that close at the kernel's end (the threads with group id 0 going on alone)
-    self.globals: dict[int, UOp] = {}
-    self.tiles: dict[MemBuffer | ConstBuffer, Tile] = {}
     self._value_axes: dict[LazyOp, frozenset[int]] = {}
     self._partials: dict[LazyOp, UOp] = {}  # each group reduce's local memory
-    self._locals_at = 0  # where the next DEFINE_LOCAL goes
+    self._locals: list[UOp] = []  # defined right after the parameters, at the kernel's scope, wherever they are used
     self._open_loops: list[UOp] = []  # the loops around the code being made
     self.index_dtype = dtypes.int32 if max(st.real_size() for st in kernel.sts) < 2**31 else dtypes.int64
+    # one global per buffer number: a buffer read through two views is still one argument
+    dtype_of_buffer = {buf.idx: buf.dtype for buf in kernel.bufs if isinstance(buf, MemBuffer)}
+    self.globals = {idx: self.uop(UOps.DEFINE_GLOBAL, dtype, (), GlobalBuffer(f"data{idx}", idx, idx < kernel.n_outputs), pure=False)
+                    for idx, dtype in sorted(dtype_of_buffer.items())}
+    self.tiles: dict[MemBuffer | ConstBuffer, Tile] = {kernel.bufs[number]: define_tile(self, number) for number in kernel.staged}
 
   # ---- making UOps ----
   def uop(self, op: UOps, dtype: DType | None, src: tuple[UOp, ...] = (), arg: Any = None, pure: bool = True) -> UOp:
@@ -70,13 +80,10 @@ class Linearizer:
   def alu(self, op: Op, dtype: DType, *src: UOp) -> UOp:
     if all(s.op is UOps.CONST for s in src) and op in PYTHON_ALU and not (op is BinaryOps.MOD and dtypes.is_float(dtype) and src[-1].arg == 0):
       return self.const(PYTHON_ALU[op](*[s.arg for s in src]), dtype)
-    if op is BinaryOps.ADD:
-      if _is_const(src[1], 0): return src[0]
-      if _is_const(src[0], 0): return src[1]
-    if op is BinaryOps.MUL:
-      if _is_const(src[1], 1): return src[0]
-      if _is_const(src[0], 1): return src[1]
-      if dtypes.is_int(dtype) and (_is_const(src[0], 0) or _is_const(src[1], 0)): return self.const(0, dtype)
+    if op in IDENTITY:  # x + 0 and x * 1 are x
+      if _is_const(src[1], IDENTITY[op]): return src[0]
+      if _is_const(src[0], IDENTITY[op]): return src[1]
+    if op is BinaryOps.MUL and dtypes.is_int(dtype) and any(_is_const(value, 0) for value in src): return self.const(0, dtype)
     if op is TernaryOps.WHERE and src[0].op is UOps.CONST: return src[1] if src[0].arg else src[2]
     if op in (BinaryOps.IDIV, BinaryOps.MOD) and not dtypes.is_float(dtype) and _is_const(src[1], 0): return self.const(0, dtype)  # see uops.py
     return self.uop(UOps.ALU, dtype, tuple(src), op)
@@ -87,19 +94,16 @@ class Linearizer:
     return self.uop(UOps.CAST, dtype, (value,))
 
   def loop(self, name: str, size: int, axis: int | None, outermost_global: bool = False) -> UOp:
+    # LLVM should vectorize across the trips only of a long loop along which every buffer moves by 0 or 1 elements: otherwise
+    # it takes gathers or masked tails, and packing the upcast lanes (SLP) is the better plan
+    vectorize = axis is not None and size >= 16 and all(
+      st.real_strides()[axis] in (0, 1) for st, buf in zip(self.kernel.sts, self.kernel.bufs) if isinstance(buf, MemBuffer))
     bounds = (self.const(0, self.index_dtype), self.const(size, self.index_dtype))
-    loop = self.uop(UOps.LOOP, self.index_dtype, bounds, Loop(name, self._worth_vectorizing(axis), outermost_global), pure=False)
+    loop = self.uop(UOps.LOOP, self.index_dtype, bounds, Loop(name, vectorize, outermost_global), pure=False)
     self.loop_uops[name] = loop
     self._open_loops.append(loop)
     self._scopes.append([])
     return loop
-
-  def _worth_vectorizing(self, axis: int | None) -> bool:
-    """Whether LLVM should vectorize across this loop's trips: only for a long loop along which every buffer moves by 0 or
-    1 elements. Otherwise it takes gathers or masked tails, and packing the upcast lanes (SLP) is the better plan."""
-    kernel = self.kernel
-    return axis is not None and kernel.full_shape[axis] >= 16 and all(st.real_strides()[axis] in (0, 1) for st, buf in zip(kernel.sts, kernel.bufs)
-                                                 if isinstance(buf, MemBuffer))
 
   def end(self, loop: UOp) -> None:
     self.uop(UOps.END, None, (loop,), pure=False)
@@ -109,40 +113,71 @@ class Linearizer:
   # ---- index math: symbolic Nodes -> UOps ----
   def index(self, node: Node) -> UOp: return node.render(self._index_ops, self)
 
-  _index_ops: dict[type, Callable[[Any, Any, Linearizer], UOp]] = {
+  _index_ops: dict[type, RenderRule] = {
     Variable: lambda node, ops, ctx: ctx.loop_uops[node.expr],
     NumNode: lambda node, ops, ctx: ctx.const(node.b, ctx.index_dtype),
-    MulNode: lambda node, ops, ctx: ctx.alu(BinaryOps.MUL, ctx.index_dtype, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype)),
-    DivNode: lambda node, ops, ctx: ctx.alu(BinaryOps.IDIV, ctx.index_dtype, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype)),
-    ModNode: lambda node, ops, ctx: ctx.alu(BinaryOps.MOD, ctx.index_dtype, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype)),
-    LtNode: lambda node, ops, ctx: ctx.alu(BinaryOps.CMPLT, dtypes.bool, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype)),
-    SumNode: lambda node, ops, ctx: _fold(ctx, BinaryOps.ADD, ctx.index_dtype, [n.render(ops, ctx) for n in node.nodes]),
-    AndNode: lambda node, ops, ctx: _fold(ctx, BinaryOps.AND, dtypes.bool, [n.render(ops, ctx) for n in node.nodes]),
-  }
+    MulNode: _with_number(BinaryOps.MUL), DivNode: _with_number(BinaryOps.IDIV), ModNode: _with_number(BinaryOps.MOD),
+    LtNode: _with_number(BinaryOps.CMPLT, dtypes.bool), SumNode: _folded(BinaryOps.ADD), AndNode: _folded(BinaryOps.AND, dtypes.bool)}
+
+  # ---- memory: each lane's element at its address, (index, validity); 16 bytes at once where lanes are neighbours ----
+  def access(self, index: Node, valid: Node) -> tuple[UOp, tuple[UOp, ...]]:
+    """A load's or store's index and its gate, none where `valid` always holds (a gated index need only be right where valid)."""
+    if valid.min == 1: return self.index(index), ()
+    gate = self.index(valid)
+    return self.index(simplify_given_valid(index, valid)), (gate,)
+
+  def load(self, memory: UOp, index: Node, valid: Node) -> UOp:
+    """One element of `memory`, 0 where `valid` is 0."""
+    dtype = cast(DType, memory.dtype)
+    if valid.max == 0: return self.const(0, dtype)
+    index_uop, gate = self.access(index, valid)
+    return self.uop(UOps.LOAD, dtype, (memory, index_uop) + gate)
+
+  def read(self, memory: UOp, sizes: list[int], addresses: list[Address], dtype: DType) -> list[UOp]:
+    """Each lane's element of `memory` (lanes laid out as `sizes`) as `dtype`: vector loads where vector_groups finds them, else one by one."""
+    memory_dtype = cast(DType, memory.dtype)
+    values: list[UOp | None] = [None] * len(addresses)
+    for group, start in self.vector_groups(memory_dtype, sizes, addresses):
+      vector = self.uop(UOps.LOAD, memory_dtype.vec(len(group)), (memory, self.index(start)))
+      for lane_number, lane in enumerate(group): values[lane] = self.uop(UOps.GEP, memory_dtype, (vector,), lane_number)
+    return [self.cast(value if value is not None else self.load(memory, *address), dtype) for value, address in zip(values, addresses)]
+
+  def write(self, memory: UOp, sizes: list[int], values: list[UOp], addresses: list[Address]) -> None:
+    """Store each lane's value in `memory` (cast to its type) as `read` loads: none where invalid, gated where it may be."""
+    dtype = cast(DType, memory.dtype)
+    stored: set[int] = set()
+    for group, start in self.vector_groups(dtype, sizes, addresses):
+      vector = self.uop(UOps.VECTORIZE, dtype.vec(len(group)), tuple(self.cast(values[lane], dtype) for lane in group))
+      self.uop(UOps.STORE, None, (memory, self.index(start), vector), pure=False)
+      stored.update(group)
+    for lane, (value, (index, valid)) in enumerate(zip(values, addresses)):
+      if lane in stored or valid.max == 0: continue  # valid.max == 0: e.g. a lane that is all PADTO padding
+      index_uop, gate = self.access(index, valid)
+      self.uop(UOps.STORE, None, (memory, index_uop, self.cast(value, dtype)) + gate, pure=False)
+
+  def vector_groups(self, dtype: DType, sizes: list[int], addresses: list[Address]) -> list[tuple[list[int], Node]]:
+    """Groups of VECTOR_WIDTH lanes (laid out as `sizes`) at neighbouring valid addresses from an aligned index, with that index:
+    each is one 16-byte load or store. Only on GPUs, for 4-byte types, along one upcast axis."""
+    if not self.threads or dtype not in (dtypes.float32, dtypes.int32, dtypes.uint32): return []
+    for position, size in enumerate(sizes):
+      if size % VECTOR_WIDTH: continue
+      stride = prod(sizes[position + 1:])
+      groups = [[first + i * stride for i in range(VECTOR_WIDTH)] for first in range(len(addresses)) if (first // stride) % VECTOR_WIDTH == 0]
+      if all(_neighbours(addresses, group) for group in groups): return [(group, addresses[group[0]][0]) for group in groups]
+    return []
 
   # ---- the AST -> UOps ----
-  def load(self, buf: MemBuffer | ConstBuffer, idxs: list[Node], gate: Node = NumNode(1)) -> UOp:
-    """One element of `buf` (0 where the view is masked or `gate` is 0)."""
-    buf_number = self.kernel.bufs.index(buf)
-    index, valid = self.kernel.sts[buf_number].expr_idxs(idxs)
-    valid = Node.ands([valid, gate])
-    zero = self.const(0, buf.dtype)
-    if valid.max == 0: return zero
-    valid_uop = None if valid.min == 1 else self.index(valid)
-    if valid_uop is not None: index = simplify_given_valid(index, valid)  # the load is gated: only valid lanes use the index
-    if isinstance(buf, ConstBuffer):
-      value = self.const(buf.val, buf.dtype)
-      return value if valid_uop is None else self.alu(TernaryOps.WHERE, buf.dtype, valid_uop, value, zero)
-    src = (self.globals[buf.idx], self.index(index)) + ((valid_uop,) if valid_uop is not None else ())
-    return self.uop(UOps.LOAD, buf.dtype, src)
-
   def parse(self, node: LazyOp, lanes: Lanes, scope: Scope) -> list[UOp]:
     """The values of `node`, one per lane."""
     if node.op in (BufferOps.LOAD, BufferOps.CONST):
-      if (tile := self.tiles.get(node.arg)) is not None:
+      buf, st = node.arg, self.kernel.sts[self.kernel.bufs.index(node.arg)]
+      if isinstance(buf, ConstBuffer):  # its value, 0 where its view is masked (padding)
+        value, zero = self.const(buf.val, buf.dtype), self.const(0, buf.dtype)
+        return [self.alu(TernaryOps.WHERE, buf.dtype, self.index(st.expr_idxs(idxs)[1]), value, zero) for idxs in lanes.idxs]
+      if (tile := self.tiles.get(buf)) is not None:
         assert scope.tile_parity is not None, "a staged buffer is read inside its reduce loop"
-        return read_tile(self, tile, node.arg.dtype, lanes.idxs, lanes.sizes, scope.tile_parity)
-      return self.read(node.arg, lanes.idxs, lanes.sizes)
+        return self.read(tile.memory, lanes.sizes, [(tile.index(idxs, scope.tile_parity), NumNode(1)) for idxs in lanes.idxs], buf.dtype)
+      return self.read(self.globals[buf.idx], lanes.sizes, [st.expr_idxs(idxs) for idxs in lanes.idxs], buf.dtype)
     if node.op in ReduceOps:
       if node not in scope.reduced: self.reduce(node, scope)  # a reduce that depends on an axis bound here and no further out
       key_axes, results = scope.reduced[node]
@@ -154,74 +189,12 @@ class Linearizer:
 
   def lanes(self, scope: Scope) -> Lanes:
     """Every combination of the scope's lane axes' values, each as one index per axis (an axis not bound reads index 0)."""
-    full_shape = self.kernel.full_shape
-    ranges = [range(full_shape[axis]) for axis in scope.lane_axes]
-    idxs = []
-    for values in itertools.product(*ranges):
-      at = dict(zip(scope.lane_axes, values))
-      idxs.append([NumNode(at[axis]) if axis in at else scope.bound.get(axis, NumNode(0)) for axis in range(len(full_shape))])
-    return Lanes(idxs, [len(r) for r in ranges])
-
-  def read(self, buf: MemBuffer | ConstBuffer, lanes: list[list[Node]], sizes: list[int]) -> list[UOp]:
-    """The values of a buffer at `lanes` (laid out as `sizes`): vector loads where lanes are neighbours, else one load each."""
-    if not isinstance(buf, MemBuffer): return [self.load(buf, idxs) for idxs in lanes]
-    st = self.kernel.sts[self.kernel.bufs.index(buf)]
-    vectors = self.vector_loads(self.globals[buf.idx], buf.dtype, sizes, lambda lane: st.expr_idxs(lanes[lane]))
-    return [value if value is not None else self.load(buf, idxs) for value, idxs in zip(vectors, lanes)]
-
-  def vector_loads(self, memory: UOp, dtype: DType, sizes: list[int], index_of: Callable[[int], tuple[Node, Node]]) -> list[UOp | None]:
-    """Each lane's value where a 16-byte load of `memory` reads it (see vector_groups), else None."""
-    values: list[UOp | None] = [None] * prod(sizes)
-    for group, index in self.vector_groups(dtype, sizes, index_of):
-      vector = self.uop(UOps.LOAD, dtype.vec(len(group)), (memory, self.index(index)))
-      for lane_number, lane in enumerate(group): values[lane] = self.uop(UOps.GEP, dtype, (vector,), lane_number)
-    return values
-
-  def store_lanes(self, memory: UOp, dtype: DType, sizes: list[int], values: list[UOp], index_of: Callable[[int], tuple[Node, Node]]) -> None:
-    """Store each lane's value (cast to `dtype`) where `index_of` puts it: 16-byte stores where vector_groups finds them, the
-    rest one by one, each only where its validity holds."""
-    stored: set[int] = set()
-    for group, start in self.vector_groups(dtype, sizes, index_of):
-      vector = self.uop(UOps.VECTORIZE, dtype.vec(len(group)), tuple(self.cast(values[lane], dtype) for lane in group))
-      self.uop(UOps.STORE, None, (memory, self.index(start), vector), pure=False)
-      stored.update(group)
-    for lane, value in enumerate(values):
-      if lane in stored: continue
-      index, valid = index_of(lane)
-      gate: tuple[UOp, ...] = ()
-      if valid.max == 0: continue  # e.g. a lane that is all PADTO padding
-      if valid.min == 0: gate, index = (self.index(valid),), simplify_given_valid(index, valid)
-      self.uop(UOps.STORE, None, (memory, self.index(index), self.cast(value, dtype)) + gate, pure=False)
-
-  def vector_groups(self, dtype: DType, sizes: list[int], index_of: Callable[[int], tuple[Node, Node]]) -> list[tuple[list[int], Node]]:
-    """Groups of VECTOR_WIDTH lanes (laid out as `sizes`) that read (or write) neighbouring elements from an aligned index, with
-    that index (`index_of` gives a lane's index and validity): each group becomes one 16-byte load or store. Only on GPUs, for
-    4-byte types, unmasked, along one upcast axis."""
-    lanes = prod(sizes)
-    width = VECTOR_WIDTH
-    if not self.threads or dtype not in (dtypes.float32, dtypes.int32, dtypes.uint32) or lanes < width: return []
-    for position, size in enumerate(sizes):
-      if size % width: continue
-      stride = prod(sizes[position + 1:])
-      groups = []
-      for first in (lane for lane in range(lanes) if (lane // stride) % width == 0):
-        members = [first + i * stride for i in range(width)]
-        indexes = [index_of(member) for member in members]
-        if any(valid.min != 1 for _, valid in indexes): break
-        start = indexes[0][0]
-        if not _is_number(start % width, 0) or not all(_is_number(index - start, i) for i, (index, _) in enumerate(indexes)): break
-        groups.append((members, start))
-      else: return groups
-    return []
+    sizes = [self.kernel.full_shape[axis] for axis in scope.lane_axes]
+    lane_values = [dict(zip(scope.lane_axes, map(NumNode, values))) for values in itertools.product(*map(range, sizes))]
+    return Lanes([[at.get(axis, scope.bound.get(axis, NumNode(0))) for axis in range(self.kernel.shape_len)] for at in lane_values], sizes)
 
   def linearize(self) -> list[UOp]:
     kernel = self.kernel
-    # one global per buffer number: a buffer read through two views is still one argument
-    dtype_of_buffer = {buf.idx: buf.dtype for buf in kernel.bufs if isinstance(buf, MemBuffer)}
-    self.globals = {idx: self.uop(UOps.DEFINE_GLOBAL, dtype, (), GlobalBuffer(f"data{idx}", idx, idx < kernel.n_outputs), pure=False)
-                    for idx, dtype in sorted(dtype_of_buffer.items())}
-    self._locals_at = len(self.uops)  # local memory is defined here, at the kernel's scope, wherever it is used
-    self.tiles = {kernel.bufs[number]: define_tile(self, number) for number in kernel.staged}
     global_loops = self.thread_indices()
     top = Scope({axis: self.thread_idxs[axis] for axis in kernel.axes(AxisKind.GLOBAL, AxisKind.LOCAL)}, kernel.axes(AxisKind.UPCAST), {})
     for store in kernel.stores: self.hoist(store.src[0], top)
@@ -233,25 +206,19 @@ class Linearizer:
       self.open_ifs.append(self.open_if(self.group_member() < 1))
     for store in singles: self.store(store, top)
     for block in reversed(global_loops + self.open_ifs): self.end(block)
-    if DEBUG >= 5:
-      for uop in self.uops: print(uop)
+    if DEBUG >= 5: print("\n".join(map(str, self.uops)))
     return self.uops
 
   def thread_indices(self) -> list[UOp]:
-    """Index variables of the GLOBAL, LOCAL and GROUP axes (in `thread_idxs`); returns the loops opened for the GLOBAL axes on a
-    CPU. On a GPU with LOCAL or GROUP axes, GLOBAL axes are work-group ids and the others thread ids inside the work-group;
-    without them, GLOBAL axes are global thread ids and the runtime picks the work-group size. The last axis of each kind is
-    launch dimension 0, so neighbouring threads touch neighbouring memory."""
+    """Index variables of the GLOBAL, LOCAL and GROUP axes (in `thread_idxs`); returns the loops of the GLOBAL axes on a CPU. With
+    LOCAL or GROUP axes GLOBAL axes are work-group ids, else global thread ids; the last axis is dimension 0 (neighbouring memory)."""
     kernel = self.kernel
     global_axes, thread_axes = kernel.axes(AxisKind.GLOBAL), kernel.axes(AxisKind.LOCAL, AxisKind.GROUP)
-    for axis in global_axes + thread_axes:
-      is_thread = axis in thread_axes
-      name = f"{'l' if is_thread else 'g'}idx{axis}"
-      self.thread_idxs[axis] = Variable(name, 0, kernel.full_shape[axis] - 1)
-      if not self.threads: continue
-      dim = len(thread_axes) - 1 - thread_axes.index(axis) if is_thread else len(global_axes) - 1 - global_axes.index(axis)
-      kind = ThreadKind.LOCAL if is_thread else (ThreadKind.GROUP if thread_axes else ThreadKind.GLOBAL)
-      self.loop_uops[name] = self.uop(UOps.SPECIAL, self.index_dtype, (), ThreadIndex(dim, name, kernel.full_shape[axis], kind), pure=False)
+    for axes, prefix, kind in ((global_axes, "g", ThreadKind.GROUP if thread_axes else ThreadKind.GLOBAL), (thread_axes, "l", ThreadKind.LOCAL)):
+      for position, axis in enumerate(axes):
+        name, size, dim = f"{prefix}idx{axis}", kernel.full_shape[axis], len(axes) - 1 - position
+        self.thread_idxs[axis] = Variable(name, 0, size - 1)
+        if self.threads: self.loop_uops[name] = self.uop(UOps.SPECIAL, self.index_dtype, (), ThreadIndex(dim, name, size, kind), pure=False)
     assert self.threads or not thread_axes, "LOCAL and GROUP axes need a GPU"
     return [] if self.threads else [self.loop(f"gidx{axis}", kernel.full_shape[axis], axis, outermost_global=axis == global_axes[0])
                                     for axis in global_axes]
@@ -264,8 +231,7 @@ class Linearizer:
   def value_axes(self, node: LazyOp) -> frozenset[int]: return self.kernel.value_axes(node, self._value_axes)
 
   def hoist(self, node: LazyOp, scope: Scope) -> None:
-    """Compute now the reduces in `node` (at any depth) whose value depends only on what `scope` has bound: each is computed
-    once per trip of the loops its value needs, not per element of the rest."""
+    """Compute now the reduces in `node` whose value depends only on what `scope` binds: once per trip of the loops it needs."""
     ready, inside = set(scope.bound) | set(scope.lane_axes), set(node.walk())
     for reduceop in self.kernel.reduceops:  # sources first: a reduce another one reads is computed out here, once
       if reduceop in inside and reduceop not in scope.reduced and self.value_axes(reduceop) <= ready: self.reduce(reduceop, scope)
@@ -285,79 +251,66 @@ class Linearizer:
   def store(self, store: LazyOp, outer: Scope) -> None:
     """Store one output: along the output axes, and, for a row, the reduce-side axes it spans."""
     kernel, number = self.kernel, self.kernel.bufs.index(store.arg)
-    spanned = [axis for axis in kernel.axes(*REDUCE_SIDE) if kernel.spans(number, axis)]
-    scope = Scope(dict(outer.bound), sorted(outer.lane_axes + [axis for axis in spanned if kernel.kinds[axis] is AxisKind.UNROLL]),
-                  dict(outer.reduced))
-    scope.bound.update({axis: self.thread_idxs[axis] for axis in spanned if kernel.kinds[axis] is AxisKind.GROUP})
-    loops = self.walk_loops([axis for axis in spanned if kernel.kinds[axis] is AxisKind.REDUCE], store.src[0], scope)
+    grouped, looped, unrolled = ([axis for axis in kernel.axes(kind) if kernel.spans(number, axis)] for kind in REDUCE_SIDE)
+    scope = Scope(outer.bound | {axis: self.thread_idxs[axis] for axis in grouped}, sorted(outer.lane_axes + unrolled), dict(outer.reduced))
+    loops = self.walk_loops(looped, store.src[0], scope)
     lanes = self.lanes(scope)
     values = self.parse(store.src[0], lanes, scope)
-    self.store_lanes(self.globals[store.arg.idx], store.arg.dtype, lanes.sizes, values, lambda lane: kernel.sts[number].expr_idxs(lanes.idxs[lane]))
+    self.write(self.globals[store.arg.idx], lanes.sizes, values, [kernel.sts[number].expr_idxs(idxs) for idxs in lanes.idxs])
     for loop in reversed(loops): self.end(loop)
 
   def reduce(self, reduceop: LazyOp, outer: Scope) -> None:
-    """Accumulate the reduce's input over its axes, one accumulator per lane of `outer`, and record the results in `outer`.
-    After a GROUP, every thread of the group gets the results, unless this is the kernel's last reduce and no output is a row
-    (then only the threads with group id 0 go on)."""
+    """Accumulate the reduce's input over its axes, one accumulator per lane of `outer` it depends on, and record the results
+    in `outer`. After a GROUP, every thread gets them, except after the last reduce, outside loops, with no row to store."""
     kernel, number, op = self.kernel, self.kernel.reduceops.index(reduceop), cast(ReduceOps, reduceop.op)
-    own = {kind: [axis for axis in kernel.axes(kind) if number in kernel.owners[axis]] for kind in REDUCE_SIDE}
+    grouped, looped, unrolled = ([axis for axis in kernel.axes(kind) if number in kernel.owners[axis]] for kind in REDUCE_SIDE)
     key_axes = [axis for axis in outer.lane_axes if axis in self.value_axes(reduceop)]  # an accumulator for each of their lanes
     keys = list(itertools.product(*[range(kernel.full_shape[axis]) for axis in key_axes]))
     accs = self.define_accs(reduceop, len(keys))
-    scope = Scope(dict(outer.bound), sorted(key_axes + own[AxisKind.UNROLL]), dict(outer.reduced))
-    scope.bound.update({axis: self.thread_idxs[axis] for axis in own[AxisKind.GROUP]})
-    if self.tiles:  # the first trip's tiles (staged inputs), before the loops
-      store_tiles(self, load_tiles(self, scope.bound, {axis: NumNode(0) for axis in own[AxisKind.REDUCE]}), NumNode(0))
-      self.uop(UOps.BARRIER, None, (), None, pure=False)
-    loops = self.walk_loops(own[AxisKind.REDUCE], reduceop.src[0], scope)
+    scope = Scope(outer.bound | {axis: self.thread_idxs[axis] for axis in grouped}, sorted(key_axes + unrolled), dict(outer.reduced))
+    if self.tiles: store_tiles(self, load_tiles(self, scope.bound, looped, NumNode(0)))  # the first trip's, before the loops
+    loops = self.walk_loops(looped, reduceop.src[0], scope)
     if self.tiles:  # load the next trip's tiles (the first again after the last) now, store them after this trip's work
-      sizes = [kernel.full_shape[axis] for axis in own[AxisKind.REDUCE]]
-      trip = flatten_node([scope.bound[axis] for axis in own[AxisKind.REDUCE]], sizes)
+      trip = flatten_node([scope.bound[axis] for axis in looped], [kernel.full_shape[axis] for axis in looped])
       scope.tile_parity = trip % 2
-      upcoming = load_tiles(self, scope.bound, dict(zip(own[AxisKind.REDUCE], unflatten_node((trip + 1) % prod(sizes), tuple(sizes)))))
+      upcoming = load_tiles(self, scope.bound, looped, trip + 1)
     lanes = self.lanes(scope)
     values = self.parse(reduceop.src[0], lanes, scope)
     for idxs, value in zip(lanes.idxs, values):
       self.accumulate(op, accs[keys.index(tuple(cast(NumNode, idxs[axis]).b for axis in key_axes))], value)
-    if self.tiles:  # into the other tile, which every thread finished reading before the last barrier
-      store_tiles(self, upcoming, (trip + 1) % 2)
-      self.uop(UOps.BARRIER, None, (), None, pure=False)
+    if self.tiles: store_tiles(self, upcoming)  # into the other tile, which every thread finished reading before the last barrier
     for loop in reversed(loops): self.end(loop)
     partials = [self.uop(UOps.LOAD, reduceop.dtype, (acc,), pure=False) for acc in accs]
-    if own[AxisKind.GROUP]:
+    if grouped:
       last = reduceop is kernel.reduceops[-1] and all(other in outer.reduced for other in kernel.reduceops[:-1])
-      everyone = bool(self._open_loops) or not last or kernel.stores_rows
-      partials = self.group_reduce(reduceop, partials, everyone)
+      partials = self.group_reduce(reduceop, partials, everyone=bool(self._open_loops) or not last or kernel.stores_rows)
     outer.reduced[reduceop] = (tuple(key_axes), dict(zip(keys, partials)))
 
   def group_reduce(self, reduceop: LazyOp, partials: list[UOp], everyone: bool) -> list[UOp]:
-    """Finish a reduce split across the work-group: every thread writes its partial results to local memory; then a tree (for a
-    power-of-two group: half the threads add the other half's partials, barrier, and again) or, for other sizes, the threads
-    with group id 0 alone reduce their group's partials. The rest of the kernel runs only in the threads with group id 0, or,
-    with `everyone`, every thread reads the result (each walks the partials itself for other sizes; inside a loop, a barrier
-    after the reads lets the next trip write the partials again)."""
+    """Finish a reduce split across the work-group: the threads' partial results meet in local memory, where a tree adds them up
+    (for a power-of-two group: half the threads add the other half's, barrier, and again) or each reading thread walks them all.
+    Then every thread reads the results (`everyone`), or only those with group id 0 go on."""
     kernel, lanes, op = self.kernel, len(partials), cast(ReduceOps, reduceop.op)
     local_axes, member = kernel.axes(AxisKind.LOCAL), self.group_member()
     group_count = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GROUP))
     first_slot = flatten_node([self.thread_idxs[axis] for axis in local_axes], [kernel.full_shape[axis] for axis in local_axes]) * group_count
     if (memory := self._partials.get(reduceop)) is None:  # one buffer a reduce, however often it is computed: no barrier between reduces
-      name = "partials" + str(sum(uop.op is UOps.DEFINE_LOCAL for uop in self.uops) or "")
+      name = "partials" + str(len(self._locals) or "")
       memory = self._partials[reduceop] = self.define_local(reduceop.dtype, name, kernel.local_size * kernel.partial_lanes(reduceop))
-    def slot(index: Node, lane: int) -> UOp: return self.index(index * lanes + lane)
     def read(index: Node, lane: int) -> UOp:  # not pure: a value read before a barrier is stale after it
-      return self.uop(UOps.LOAD, reduceop.dtype, (memory, slot(index, lane)), pure=False)
-    for lane, partial in enumerate(partials): self.uop(UOps.STORE, None, (memory, slot(first_slot + member, lane), partial), pure=False)
-    self.uop(UOps.BARRIER, None, (), None, pure=False)
+      return self.uop(UOps.LOAD, reduceop.dtype, (memory, self.index(index * lanes + lane)), pure=False)
+    def write(index: Node, lane: int, value: UOp) -> None:
+      self.uop(UOps.STORE, None, (memory, self.index(index * lanes + lane), value), pure=False)
+    mine = first_slot + member
+    for lane, partial in enumerate(partials): write(mine, lane, partial)
+    self.barrier()
     tree = group_count & (group_count - 1) == 0
-    half = group_count // 2 if tree else 0
-    while half >= 1:  # a few steps of log2(group) instead of one thread walking all partials
+    for half in [group_count >> step for step in range(1, group_count.bit_length())] if tree else []:  # log2(group) steps, not one walk
       step = self.open_if(member < half)
       for lane in range(lanes):
-        added = self.alu(REDUCE_TO_ALU[op], reduceop.dtype, read(first_slot + member, lane), read(first_slot + member + half, lane))
-        self.uop(UOps.STORE, None, (memory, slot(first_slot + member, lane), added), pure=False)
+        write(mine, lane, self.alu(REDUCE_TO_ALU[op], reduceop.dtype, read(mine, lane), read(mine + half, lane)))
       self.end(step)
-      self.uop(UOps.BARRIER, None, (), None, pure=False)
-      half //= 2
+      self.barrier()
     if not everyone: self.open_ifs.append(self.open_if(member < 1))
     if tree: results = [read(first_slot, lane) for lane in range(lanes)]
     else:
@@ -366,15 +319,17 @@ class Linearizer:
       for lane, acc in enumerate(accs): self.accumulate(op, acc, read(first_slot + Variable("group_member", 0, group_count - 1), lane))
       self.end(loop)
       results = [self.uop(UOps.LOAD, reduceop.dtype, (acc,), pure=False) for acc in accs]
-    if self._open_loops: self.uop(UOps.BARRIER, None, (), None, pure=False)  # the next trip of the loop around writes the partials again
+    if self._open_loops: self.barrier()  # the next trip of the loop around writes the partials again
     return results
 
   def define_local(self, dtype: DType, name: str, size: int) -> UOp:
     """Local memory, defined at the kernel's scope (OpenCL allows no other) wherever it is used."""
     memory = UOp(UOps.DEFINE_LOCAL, dtype, (), LocalBuffer(name, size))
-    self.uops.insert(self._locals_at, memory)
-    self._locals_at += 1
+    self.uops.insert(len(self.globals) + len(self._locals), memory)
+    self._locals.append(memory)
     return memory
+
+  def barrier(self) -> None: self.uop(UOps.BARRIER, None, pure=False)
 
   def open_if(self, condition: Node) -> UOp:
     block = self.uop(UOps.IF, None, (self.index(condition),), None, pure=False)
@@ -389,9 +344,8 @@ class Linearizer:
     current = self.uop(UOps.LOAD, acc.dtype, (acc,), pure=False)
     self.uop(UOps.STORE, None, (acc, self.alu(REDUCE_TO_ALU[op], cast(DType, acc.dtype), current, value)), pure=False)
 
-def _is_number(node: Node, value: int) -> bool: return isinstance(node, NumNode) and node.b == value
 def _is_const(uop: UOp, value: Any) -> bool: return uop.op is UOps.CONST and uop.arg == value
-def _fold(ctx: Linearizer, op: BinaryOps, dtype: DType, values: list[UOp]) -> UOp:
-  result = values[0]
-  for value in values[1:]: result = ctx.alu(op, dtype, result, value)
-  return result
+def _neighbours(addresses: list[Address], lanes: list[int]) -> bool:
+  """Whether these lanes' addresses are valid and neighbouring, in order, from an aligned index."""
+  start = addresses[lanes[0]][0]
+  return start % VECTOR_WIDTH == 0 and all(addresses[lane][1].min == 1 and addresses[lane][0] - start == i for i, lane in enumerate(lanes))

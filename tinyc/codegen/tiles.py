@@ -1,21 +1,20 @@
-"""Layer 3: staged inputs (STAGE), read through local memory. Each reduce loop trip, the work-group's threads copy the tile of
-a staged buffer that the trip reads into local memory together (VECTOR_WIDTH neighbours each where the tile allows), and
-every thread reads its lanes from there. Two tiles alternate: a thread loads the next trip's tile into registers before this
-trip's work and stores it into the other tile after, so one barrier a trip suffices. Imports dtype, helpers, ops, shape/,
-codegen/kernel, codegen/uops; the Linearizer passes itself in.
+"""Layer 3: staged inputs (STAGE, see codegen/kernel.py), read through local memory. Two tiles alternate: a thread loads the next
+trip's tile into registers before this trip's work and stores it into the other tile after, so one barrier a trip suffices.
+Imports dtype, helpers, ops, shape/, codegen/kernel, codegen/uops; the Linearizer passes itself in.
 """
 from __future__ import annotations
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
-from tinyc.dtype import DType, dtypes
+from typing import TYPE_CHECKING, NamedTuple, cast
+from tinyc.dtype import dtypes
 from tinyc.helpers import prod
+from tinyc.ops import MemBuffer
 from tinyc.shape.shapetracker import flatten_node, unflatten_node
 from tinyc.shape.symbolic import Node, NumNode
 from tinyc.shape.view import View, strides_for_shape
-from tinyc.codegen.uops import VECTOR_WIDTH, UOp, UOps
+from tinyc.codegen.uops import VECTOR_WIDTH, UOp
 from tinyc.codegen.kernel import LANES, AxisKind
-if TYPE_CHECKING: from tinyc.codegen.linearizer import Linearizer
+if TYPE_CHECKING: from tinyc.codegen.linearizer import Address, Linearizer
 
 @dataclass(frozen=True)
 class Tile:
@@ -25,15 +24,14 @@ class Tile:
   layout: View       # the kernel's full shape -> a position in a tile (stride 0 along the axes the tile does not span)
   size: int
   load_order: list[int]  # the tile's axes in the buffer's memory order, outermost first
+  def index(self, idxs: list[Node], parity: Node) -> Node: return self.layout.expr_idxs(idxs) + parity * self.size
 
-@dataclass
-class TileShare:
-  """What one thread loads of a tile: values at lanes (laid out as sizes), each only where its gate holds."""
-  tile: Tile
-  values: list[UOp]
-  lanes: list[list[Node]]
+class TileShare(NamedTuple):
+  """What one thread copies into a tile: values (laid out as `sizes`) and each one's address there (index, gate)."""
+  memory: UOp
   sizes: list[int]
-  gates: list[Node]
+  values: list[UOp]
+  addresses: list[Address]
 
 def define_tile(ctx: Linearizer, number: int) -> Tile:
   """Local memory for two tiles of staged buffer `number`. A tile lays out the unrolled reduce axes outermost, then the other
@@ -51,11 +49,12 @@ def define_tile(ctx: Linearizer, number: int) -> Tile:
   memory = ctx.define_local(dtype, f"tile{number}", 2 * size)
   return Tile(number, memory, layout, size, load_order)
 
-def load_tiles(ctx: Linearizer, bound: dict[int, Node], trip_idxs: dict[int, Node]) -> list[TileShare]:
-  """This thread's share of every tile for the reduce loop trip `trip_idxs` (an index of each REDUCE axis), `bound` giving the
-  thread's GLOBAL and LOCAL indices: the work-group's threads take turns along the buffer's memory order, VECTOR_WIDTH neighbours
-  each where the tile allows; in a last partial turn only some threads load."""
+def load_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], trip: Node) -> list[TileShare]:
+  """This thread's share of every tile for reduce loop trip `trip` over `reduce_axes` (`bound`: its GLOBAL and LOCAL indices): the
+  threads take turns along the buffer's memory order, VECTOR_WIDTH neighbours each where the tile allows (a last turn gated)."""
   kernel, shares = ctx.kernel, []
+  trip_sizes = tuple(kernel.full_shape[axis] for axis in reduce_axes)
+  placed = bound | dict(zip(reduce_axes, unflatten_node(trip % prod(trip_sizes), trip_sizes)))  # the axes the tile does not spread over
   local_axes, spread_axes = kernel.axes(AxisKind.LOCAL), kernel.axes(AxisKind.LOCAL, *LANES)  # the tile spreads over these
   thread = flatten_node([bound[axis] for axis in local_axes], [kernel.full_shape[axis] for axis in local_axes])
   for tile in ctx.tiles.values():
@@ -69,26 +68,17 @@ def load_tiles(ctx: Linearizer, bound: dict[int, Node], trip_idxs: dict[int, Nod
       coords = dict(zip(outer_axes, unflatten_node(run // runs_per_row, tuple(kernel.full_shape[axis] for axis in outer_axes))))
       for lane in range(width):
         coords[inner] = (run % runs_per_row) * width + lane
-        lanes.append([coords.get(axis, NumNode(0)) if axis in spread_axes else trip_idxs.get(axis, bound.get(axis, NumNode(0)))
-                      for axis in range(kernel.shape_len)])
+        lanes.append([coords.get(axis, NumNode(0)) if axis in spread_axes else placed.get(axis, NumNode(0)) for axis in range(kernel.shape_len)])
         gates.append(run < runs)
-    share = TileShare(tile, [], lanes, [len(lanes) // width, width], gates)
-    buf = kernel.bufs[tile.number]
-    share.values = ctx.read(buf, lanes, share.sizes) if fits else [ctx.load(buf, idxs, gate) for idxs, gate in zip(lanes, gates)]
-    shares.append(share)
+    buf, st = cast(MemBuffer, kernel.bufs[tile.number]), kernel.sts[tile.number]  # STAGE takes only inputs
+    memory, sizes = ctx.globals[buf.idx], [len(lanes) // width, width]
+    sources = [st.expr_idxs(idxs) for idxs in lanes]
+    if fits: values = ctx.read(memory, sizes, sources, buf.dtype)
+    else: values = [ctx.load(memory, index, Node.ands([valid, gate])) for (index, valid), gate in zip(sources, gates)]
+    shares.append(TileShare(tile.memory, sizes, values, [(tile.index(idxs, trip % 2), gate) for idxs, gate in zip(lanes, gates)]))
   return shares
 
-def store_tiles(ctx: Linearizer, shares: list[TileShare], parity: Node) -> None:
-  """Each thread's share into the tiles of the trip of this `parity`."""
-  for share in shares:
-    def index_of(lane: int, share: TileShare = share) -> tuple[Node, Node]:
-      return share.tile.layout.expr_idxs(share.lanes[lane]) + parity * share.tile.size, share.gates[lane]
-    ctx.store_lanes(share.tile.memory, cast(DType, share.tile.memory.dtype), share.sizes, share.values, index_of)
-
-def read_tile(ctx: Linearizer, tile: Tile, dtype: DType, lanes: list[list[Node]], sizes: list[int], parity: Node) -> list[UOp]:
-  """The lanes' values (laid out as `sizes`) from the tile of the trip of this `parity`."""
-  def index_of(lane: int) -> tuple[Node, Node]: return tile.layout.expr_idxs(lanes[lane]) + parity * tile.size, NumNode(1)
-  tile_dtype = cast(DType, tile.memory.dtype)
-  vectors = ctx.vector_loads(tile.memory, tile_dtype, sizes, index_of)
-  return [ctx.cast(value if value is not None else ctx.uop(UOps.LOAD, tile_dtype, (tile.memory, ctx.index(index_of(lane)[0]))), dtype)
-          for lane, value in enumerate(vectors)]
+def store_tiles(ctx: Linearizer, shares: list[TileShare]) -> None:
+  """Each thread's share into its tile, then a barrier: every thread reads the whole tile."""
+  for share in shares: ctx.write(share.memory, share.sizes, share.values, share.addresses)
+  ctx.barrier()

@@ -3,7 +3,7 @@ from __future__ import annotations
 import math, operator
 from dataclasses import dataclass
 from enum import Enum, auto
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 from tinyc.dtype import DType, dtypes
 from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
 
@@ -25,15 +25,13 @@ class UOps(Enum):
   VECTORIZE = auto()      # src: the lanes; dtype: their vector type (a LOAD or STORE of a vector moves all lanes at once)
   GEP = auto()            # src: (vector,); arg: the lane it reads
 
-@dataclass(frozen=True)
-class GlobalBuffer:
+class GlobalBuffer(NamedTuple):
   """DEFINE_GLOBAL's arg: a buffer the kernel takes as a pointer parameter. Parameters are in buffer-number order, outputs first."""
   name: str
   number: int
   is_output: bool
 
-@dataclass(frozen=True)
-class LocalBuffer:
+class LocalBuffer(NamedTuple):
   """DEFINE_LOCAL's arg: `size` elements of work-group memory, defined at the kernel's scope."""
   name: str
   size: int
@@ -43,18 +41,15 @@ class ThreadKind(Enum):
   GROUP = auto()   # the work-group id
   LOCAL = auto()   # the thread's id inside its work-group
 
-@dataclass(frozen=True)
-class ThreadIndex:
+class ThreadIndex(NamedTuple):
   """SPECIAL's arg: a GPU thread index along launch dimension `dim`, from 0 to size - 1."""
   dim: int
   name: str
   size: int
   kind: ThreadKind
 
-@dataclass(frozen=True)
-class Loop:
-  """LOOP's arg. `vectorize`: SIMD across its trips pays (every access unit-stride). `outermost_global`: the kernel's outermost
-  global loop, which a CPU kernel may run in ranges on several threads (codegen/cpu_split.py)."""
+class Loop(NamedTuple):
+  """LOOP's arg. `vectorize`: SIMD across its trips pays. `outermost_global`: a CPU kernel may run it in ranges on several threads."""
   name: str
   vectorize: bool
   outermost_global: bool = False
@@ -100,12 +95,10 @@ def cast_python_value(value: Any, dtype: DType) -> Any:
 
 def executed(uops: list[UOp], counted: Callable[[UOp], bool]) -> int:
   """How often the `counted` uops run: each once per iteration of the loops around it (and per GPU thread)."""
-  total, trips, loop_sizes = 0, 1, []
+  total, trips = 0, 1
   for uop in uops:
-    if uop.op is UOps.LOOP:
-      loop_sizes.append(uop.src[1].arg)
-      trips *= uop.src[1].arg
-    elif uop.op is UOps.END and uop.src[0].op is UOps.LOOP: trips //= loop_sizes.pop()
+    if uop.op is UOps.LOOP: trips *= uop.src[1].arg
+    elif uop.op is UOps.END and uop.src[0].op is UOps.LOOP: trips //= uop.src[0].src[1].arg
     elif uop.op is UOps.SPECIAL: trips *= uop.arg.size  # one GPU thread per index
     elif counted(uop): total += trips
   return total
