@@ -49,7 +49,7 @@ class ThreadIndex(NamedTuple):
   kind: ThreadKind
 
 class Loop(NamedTuple):
-  """LOOP's arg. `vectorize`: SIMD across its trips pays. `outermost_global`: a CPU kernel may run it in ranges on several threads."""
+  """LOOP's arg. `vectorize`: SIMD across its trips pays. `outermost_global`: a CPU kernel may run it in ranges on several threads (cpu_split.py)."""
   name: str
   vectorize: bool
   outermost_global: bool = False
