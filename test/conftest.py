@@ -14,7 +14,7 @@ from tinyc.device import Compiled, Device
 
 EVERY_DEVICE = {"test_ops", "test_dtype", "test_tensor", "test_indexing", "test_schedule", "test_runtime", "test_jit", "test_graph_fuzz",
                 "test_opt_fuzz", "test_search", "test_kernel_opts", "test_stage", "test_index_checks",
-                "test_threads", "test_empty", "test_kernel_model"}
+                "test_threads", "test_empty", "test_kernel_model", "test_tensor_cores"}
 SELECTORS = ("CUDA", "GPU", "LLVM", "DEVICE")
 
 def devices_to_test() -> list[str]:
@@ -57,7 +57,7 @@ def _compile_every_kernel_as_cuda():
     program = original(self, ast, opts)
     if (ast, opts) not in seen:
       seen.add((ast, opts))
-      kernel = Kernel(ast, KernelTarget(has_local=True))  # as on an H200: what the GPU heuristic or the Opts make of it
+      kernel = Kernel(ast, KernelTarget(has_local=True, tensor_cores=True))  # as on an H200: what the GPU heuristic or the Opts make of it
       if opts is None: hand_coded_optimizations(kernel)
       try:
         for opt in opts or (): kernel.apply_opt(opt)

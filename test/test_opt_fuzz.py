@@ -19,6 +19,7 @@ ACTIONS = [Opt(op, axis, amount) for op in (OptOps.UPCAST, OptOps.UNROLL, OptOps
            for axis in range(4) for amount in AMOUNTS]
 ACTIONS += [Opt(OptOps.PADTO, axis, amount) for axis in range(5) for amount in (4, 8, 16, 32)] + [Opt(OptOps.NOLOCALS, 0, 0)]
 ACTIONS += [Opt(OptOps.STAGE, buffer, 0) for buffer in range(1, 4)]
+ACTIONS += [Opt(OptOps.TC, choice, stages) for choice in range(2) for stages in (0, 3)]  # TC comes first or never: tried first half the time
 
 def rand(*shape, seed, dtype=np.float32):
   rng = np.random.default_rng(seed)
@@ -41,6 +42,11 @@ PROGRAMS = {
   "layernorm_7x4x32": lambda: rand(7, 4, 32, seed=22).layernorm(axis=(1, 2)),
   "padded_input_sum": lambda: rand(13, 13, seed=19).pad(((1, 2), (0, 3))).sum(1),
   "half_sum_16x32": lambda: rand(16, 32, seed=20, dtype=np.float16).sum(1),
+  # 16-bit matmuls: tensor cores where the device has them (in every layout)
+  "half_matmul_64x48x32": lambda: rand(64, 32, seed=27, dtype=np.float16) @ rand(32, 48, seed=28, dtype=np.float16),
+  "half_matmul_tt_32x64x48": lambda: rand(48, 32, seed=29, dtype=np.float16).T @ rand(64, 48, seed=30, dtype=np.float16).T,
+  "bfloat16_matmul_tn_batched": lambda: (rand(2, 64, 32, seed=31).cast(dtypes.bfloat16).transpose(1, 2) @
+                                         rand(2, 64, 16, seed=32).cast(dtypes.bfloat16)),
   # several reduces and several outputs in one kernel
   "row_stats_13x29": lambda: (lambda x: [x.sum(1), x.max(1), (x * x).sum(1)])(rand(13, 29, seed=23)),
   "layernorm_train_7x32": lambda: _trained(rand(7, 32, seed=24), lambda x: x.layernorm()),
@@ -58,6 +64,8 @@ def _trained(x: Tensor, f) -> list[Tensor]:
 def random_opts(ast, target, rng: random.Random, actions: list[Opt] = ACTIONS) -> list[Opt]:
   """A random list of Opts from `actions`, each legal after the ones before it."""
   kernel, opts = Kernel(ast, target), []
+  if (tensor_cores := [opt for opt in actions if opt.op is OptOps.TC]) and rng.random() < 0.5 and _applies(kernel, tc := rng.choice(tensor_cores)):
+    opts.append(tc)
   for _ in range(rng.randint(1, 5)):
     for opt in rng.sample(actions, len(actions)):
       try: kernel.apply_opt(opt)
@@ -65,6 +73,11 @@ def random_opts(ast, target, rng: random.Random, actions: list[Opt] = ACTIONS) -
       opts.append(opt)
       break
   return opts
+
+def _applies(kernel: Kernel, opt: Opt) -> bool:
+  try: kernel.apply_opt(opt)
+  except KernelOptError: return False
+  return True
 
 def run_kernel(device: str, item, opts: tuple[Opt, ...]) -> np.ndarray:
   """Every output of the item's kernel, flattened into one array."""
@@ -87,7 +100,8 @@ def test_random_opts_match_unoptimized(name, tinyc_device):
       for _ in range(lists):
         opts = tuple(random_opts(item.ast, Device[device].target, rng))
         got = run_kernel(device, item, opts)
-        if any(out.dtype == dtypes.float16 for out in item.outs): np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2, err_msg=f"{opts}")
+        if any(out.dtype in (dtypes.float16, dtypes.bfloat16) for out in item.outs):
+          np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2, err_msg=f"{opts}")
         else: np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=f"{opts}")
         tried += len(opts) > 0
     run_schedule([item])

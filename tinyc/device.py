@@ -14,7 +14,7 @@ from tinyc.ops import LazyOp, MemBuffer
 from tinyc.codegen.kernel import CPU_TARGET, Kernel, KernelTarget, Opt
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.linearizer import Linearizer
-from tinyc.codegen.uops import ThreadKind, UOps, UOp, executed
+from tinyc.codegen.uops import TC_FLOPS_PER_THREAD, ThreadKind, UOps, UOp, executed
 from tinyc.codegen.cpu_split import outer_split
 
 class Allocator:
@@ -195,7 +195,8 @@ def lower(kernel: Kernel, threads: bool, max_local: int) -> LoweredKernel:
 
 def count_flops(uops: list[UOp]) -> int:
   """A kernel's float operations: each float ALU op counts once per iteration of its loops."""
-  return executed(uops, lambda uop: uop.op is UOps.ALU and uop.dtype is not None and dtypes.is_float(uop.dtype))
+  alu = executed(uops, lambda uop: uop.op is UOps.ALU and uop.dtype is not None and dtypes.is_float(uop.dtype))
+  return alu + TC_FLOPS_PER_THREAD * executed(uops, lambda uop: uop.op is UOps.WMMA)
 
 BACKENDS = ("CUDA", "GPU", "LLVM")
 BACKEND_MODULES = {"CUDA": "ops_cuda", "GPU": "ops_opencl", "LLVM": "ops_llvm"}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 from tinyc.dtype import DType, dtypes
 from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
-from tinyc.codegen.uops import ThreadKind, UOp, UOps
+from tinyc.codegen.uops import Fragment, ThreadKind, UOp, UOps
 
 def _is_signed(dtype: DType) -> bool: return dtypes.is_int(dtype) and not dtypes.is_unsigned(dtype)
 def _max(a: str, b: str) -> str: return f"((({a})!=({a}) || ({a})>({b})) ? ({a}) : ({b}))"  # NaN wins, like torch.maximum
@@ -50,6 +50,12 @@ class CStyleDialect:
   bits_of_double: Callable[[str], str]  # double expression -> its bits as an unsigned 64-bit integer
   half_bits: Callable[[str, str], str]  # (float expression, name) -> statement declaring `name`, its float16 bits as unsigned short
   half_of_bits: Callable[[str], str]    # an unsigned short variable -> the float its float16 bits stand for
+  load_fragment: Callable[[str, Fragment, str], str] | None = None  # (uint vector name, Fragment, address of this thread's row) -> statement
+  mma: Callable[[DType, list[str], list[str]], str] | None = None  # (operand dtype, 4 A and 2 B registers, 4 accumulators) -> statement
+  copy_async: Callable[[str, str, str], str] | None = None  # (local address, global address, bytes to read of 16) -> statement
+  async_commit: Callable[[], str] | None = None
+  async_wait: Callable[[int], str] | None = None  # (groups that may stay in flight) -> statement
+  static_local_bytes: int | None = None  # local memory a kernel may declare as arrays; more is dynamic, its size in a comment (CUDA)
   prelude: str = ""
   infinity: str = "INFINITY"
   nan: str = "NAN"
@@ -59,6 +65,23 @@ _COMMON_TYPES = {dtypes.bool: "bool", dtypes.int8: "char", dtypes.uint8: "unsign
                  dtypes.float16: "float", dtypes.bfloat16: "float"}
 _XYZ = "xyz"
 _VECTOR_BASE_NAMES = {dtypes.float32: "float", dtypes.int32: "int", dtypes.uint32: "uint"}
+
+def _cuda_load_fragment(name: str, fragment: Fragment, address: str) -> str:
+  registers = ", ".join(f"%{i}" for i in range(fragment.matrices))
+  outputs = ", ".join(f'"=r"({name}.{"xyzw"[i]})' for i in range(fragment.matrices))
+  shape = f"m8n8.x{fragment.matrices}{'.trans' if fragment.transposed else ''}"
+  instruction = f"ldmatrix.sync.aligned.{shape}.shared.b16 {{{registers}}}, [p];"
+  return f'asm volatile("{{ .reg .u64 p; cvta.to.shared.u64 p, %{fragment.matrices}; {instruction} }}" : {outputs} : "l"({address}) : "memory");'
+
+def _cuda_mma(dtype: DType, registers: list[str], accs: list[str]) -> str:
+  kind = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}[dtype]
+  outputs, inputs = ", ".join(f'"+f"({acc})' for acc in accs), ", ".join(f'"r"({register})' for register in registers)
+  instruction = f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"
+  return f'asm("{instruction}" : {outputs} : {inputs});'
+
+def _cuda_copy_async(target: str, source: str, size: str) -> str:
+  instruction = "cp.async.cg.shared.global [p], [%1], 16, %2;"
+  return f'asm volatile("{{ .reg .u64 p; cvta.to.shared.u64 p, %0; {instruction} }}" : : "l"({target}), "l"({source}), "r"({size}) : "memory");'
 
 CUDA_DIALECT = CStyleDialect(
   "CUDA", 'extern "C" __global__ ', "", lambda d: f"(blockIdx.{_XYZ[d]}*blockDim.{_XYZ[d]}+threadIdx.{_XYZ[d]})",
@@ -76,6 +99,9 @@ CUDA_DIALECT = CStyleDialect(
            "  float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f;\n}\n"
            "__device__ inline unsigned short __float_to_half_bits(float f) {\n"
            "  unsigned short h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h;\n}\n"),
+  load_fragment=_cuda_load_fragment, mma=_cuda_mma, copy_async=_cuda_copy_async,
+  async_commit=lambda: 'asm volatile("cp.async.commit_group;" : : : "memory");',
+  async_wait=lambda groups: f'asm volatile("cp.async.wait_group {groups};" : : : "memory");', static_local_bytes=48 * 1024,
   infinity="__int_as_float(0x7f800000)", nan="__int_as_float(0x7fc00000)")
 
 OPENCL_DIALECT = CStyleDialect(
@@ -138,13 +164,15 @@ class CStyleRenderer:
 
   def load(self, uop: UOp) -> str:
     assert uop.dtype is not None
-    buffer, index = self.names[uop.src[0]], self.names[uop.src[1]]
-    if uop.dtype.count > 1: return self.dialect.vector_load(self.type_name(uop.dtype), buffer, index)
-    if uop.dtype == dtypes.float16: loaded = self.dialect.load_half(buffer, index)
+    buffer, index, zero = self.names[uop.src[0]], self.names[uop.src[1]], self.const(0, uop.dtype.scalar())
+    if uop.dtype.count > 1:
+      vector_type = self.type_name(uop.dtype)
+      loaded, zero = self.dialect.vector_load(vector_type, buffer, index), self.dialect.make_vector(vector_type, [zero] * uop.dtype.count)
+    elif uop.dtype == dtypes.float16: loaded = self.dialect.load_half(buffer, index)
     elif uop.dtype == dtypes.bfloat16: loaded = self.dialect.float_bits(f"(((unsigned int){buffer}[{index}])<<16)")
     elif uop.dtype == dtypes.bool: loaded = f"({buffer}[{index}]!=0)"
     else: loaded = f"{buffer}[{index}]"
-    return f"({self.names[uop.src[2]]}?{loaded}:{self.const(0, uop.dtype)})" if len(uop.src) == 3 else loaded
+    return f"({self.names[uop.src[2]]}?{loaded}:{zero})" if len(uop.src) == 3 else loaded
 
   def store(self, buffer: str, index: str, value: str, dtype: DType) -> str:
     if dtype.count > 1: return self.dialect.vector_store(self.type_name(dtype), buffer, index, value)
@@ -191,6 +219,12 @@ class CStyleRenderer:
     # `(-x).max(1)` over 50 ints gave wrong values from correct PTX, through NVRTC and the driver's JIT alike, and right ones rolled
     rolled = any(u.op is UOps.STORE and u.src[0].op is UOps.DEFINE_ACC and u.src[1].op is UOps.ALU and u.src[1].arg is BinaryOps.MAX
                  and u.src[1].dtype is not None and not dtypes.is_float(u.src[1].dtype) for u in self.uops)
+    locals_ = [uop for uop in self.uops if uop.op is UOps.DEFINE_LOCAL]
+    sizes = [-(-uop.arg.size * uop.dtype.itemsize // 16) * 16 for uop in locals_]  # type: ignore[union-attr]
+    dynamic_offsets = dict(zip(locals_, itertools.accumulate([0] + sizes)))
+    if dynamic_bytes := sum(sizes) if dialect.static_local_bytes is not None and sum(sizes) > dialect.static_local_bytes else 0:
+      declaration = f"extern {dialect.local_prefix}unsigned char dynamic_local[] __attribute__((aligned(16)));"
+      self.emit(f"{declaration}  /* dynamic local memory: {dynamic_bytes} bytes */")
     for uop in self.uops:
       dtype = uop.dtype if uop.dtype is not None else dtypes.bool  # (ops without a dtype do not read it)
       if uop.op in (UOps.DEFINE_GLOBAL, UOps.SPECIAL, UOps.DEFINE_LOCAL, UOps.LOOP): self.names[uop] = uop.arg.name
@@ -201,6 +235,8 @@ class CStyleRenderer:
       elif uop.op is UOps.SPECIAL:
         thread_id = {ThreadKind.GLOBAL: dialect.global_id, ThreadKind.GROUP: dialect.group_id, ThreadKind.LOCAL: dialect.local_id}[uop.arg.kind]
         self.emit(f"int {uop.arg.name} = {thread_id(uop.arg.dim)};  /* 0..{uop.arg.size - 1} */")
+      elif uop.op is UOps.DEFINE_LOCAL and dynamic_bytes:  # a part of the dynamic memory, 16-byte aligned
+        self.emit(f"{self.memory_type(dtype)}* {uop.arg.name} = ({self.memory_type(dtype)}*)(dynamic_local+{dynamic_offsets[uop]});")
       elif uop.op is UOps.DEFINE_LOCAL:
         # 16-byte aligned for vector reads and writes: an array of float is only 4-byte aligned, and CUDA faults on a misaligned float4
         self.emit(f"{dialect.local_prefix}{self.memory_type(dtype)} {uop.arg.name}[{uop.arg.size}] __attribute__((aligned(16)));")
@@ -230,10 +266,27 @@ class CStyleRenderer:
       elif uop.op is UOps.CAST: self.define(uop, self.cast(self.names[uop.src[0]], dtype), "cast")
       elif uop.op is UOps.BITCAST: self.define(uop, self.bitcast(uop), "cast")
       elif uop.op is UOps.GEP: self.names[uop] = f"{self.names[uop.src[0]]}.{'xyzw'[uop.arg]}"
+      elif uop.op is UOps.LOAD_FRAGMENT:
+        self.names[uop] = self.fresh("frag")
+        self.emit(f"{self.type_name(dtype)} {self.names[uop]};")
+        self.emit(self.require(dialect.load_fragment, uop)(self.names[uop], uop.arg, f"{self.names[uop.src[0]]}+{self.names[uop.src[1]]}"))
+      elif uop.op is UOps.WMMA:
+        registers, accs = [self.names[src] for src in uop.src[:6]], [self.names[src] for src in uop.src[6:]]
+        self.emit(self.require(dialect.mma, uop)(uop.arg, registers, accs))
+      elif uop.op is UOps.COPY_ASYNC:
+        target, source = (f"{self.names[uop.src[i]]}+{self.names[uop.src[i + 1]]}" for i in (0, 2))
+        if len(uop.src) == 5: source = f"{self.names[uop.src[2]]}+({self.names[uop.src[4]]}?{self.names[uop.src[3]]}:0)"
+        self.emit(self.require(dialect.copy_async, uop)(target, source, f"({self.names[uop.src[4]]}?16:0)" if len(uop.src) == 5 else "16"))
+      elif uop.op is UOps.ASYNC_COMMIT: self.emit(self.require(dialect.async_commit, uop)())
+      elif uop.op is UOps.ASYNC_WAIT: self.emit(self.require(dialect.async_wait, uop)(uop.arg))
       elif uop.op is UOps.VECTORIZE: self.define(uop, dialect.make_vector(self.type_name(dtype), [self.names[src] for src in uop.src]), "vec")
       else: raise NotImplementedError(f"the {dialect.name} renderer has no rule for {uop.op}")
     body = "\n".join(self.lines)
     return f"{dialect.prelude}{dialect.kernel_prefix}void {self.function_name}({', '.join(params)}) {{\n{body}\n}}\n"
+
+  def require(self, rule: Callable[..., str] | None, uop: UOp) -> Callable[..., str]:
+    if rule is None: raise NotImplementedError(f"the {self.dialect.name} renderer has no rule for {uop.op}")
+    return rule
 
   def bitcast(self, uop: UOp) -> str:
     """Reinterpret the bits through an unsigned integer of their width (16-bit floats, float in registers, through their 16-bit form)."""

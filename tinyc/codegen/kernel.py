@@ -1,11 +1,12 @@
-"""Layer 3: Kernel, one AST with a ShapeTracker per buffer and the layout of its axes. Imports helpers, ops, shape/, codegen/uops.
+"""Layer 3: Kernel, one AST with a ShapeTracker per buffer and the layout of its axes. Imports helpers, dtype, ops, shape/, codegen/uops,
+codegen/axes (whose names it exports too).
 
 A kernel's AST is a SINK of one or more STOREs. Every buffer's tracker has one dim per axis of `full_shape`, and in each axis
 either the full size or 1. Every axis has a kind (AxisKind), and a reduce-side axis has owners: the reduces that reduce it.
 A reduce's input spans its own axes, its value has size 1 there; a reduce inside another's input is computed in the other's
 loop, once per trip of the loops its value depends on. An output may span reduce axes (a row: softmax stores the row it
 reduced) or not (layernorm's mean): a store walks the reduce axes it spans once more. The layout, outermost first, is
-[GLOBAL | LOCAL | GROUP | REDUCE | UPCAST and UNROLL in the order they were made]:
+[GLOBAL | LOCAL | GROUP | WARP | REDUCE | UPCAST, UNROLL, FRAGMENT and TC in the order they were made]:
 - GLOBAL axes are loops on a CPU and work-group (block) ids on a GPU; LOCAL axes are thread ids inside a work-group.
 - GROUP axes split a reduce across a work-group's threads: each thread reduces its share, the partial results meet in
   local memory after a barrier, and either every thread reads the result or only those with group id 0 go on.
@@ -14,72 +15,23 @@ reduced) or not (layernorm's mean): a store walks the reduce axes it spans once 
 - a staged input (STAGE) is read through local memory: each reduce loop trip the work-group's threads copy the tile of it
   that the trip reads (its elements along the local and upcast axes) into local memory together, and every thread then reads
   its lanes from there. Two tiles alternate, so each thread loads the next trip's tile while it computes this one.
+- tensor cores (TC): a warp's 32 threads (two WARP axes) compute 16 x 8 outputs with one mma instruction per 16 elements of the
+  reduce (a TC axis), each thread holding 4 of them (two FRAGMENT axes); both operands are staged, as 16-bit values.
 Every optimization is an `Opt` applied by `apply_opt`, which reshapes and permutes all trackers at once, so the layout stays
 the single source of truth and a kernel's optimization is a replayable list.
 """
 from __future__ import annotations
-import copy
-from dataclasses import dataclass
-from enum import Enum, auto
-from typing import Callable, Sequence
+import copy, math
+from typing import Callable, Sequence, cast
+from tinyc.dtype import dtypes
 from tinyc.helpers import DEBUG, colored, dedup, prod, to_function_name
-from tinyc.ops import BufferOps, ConstBuffer, LazyOp, MemBuffer, ReduceOps, UnaryOps
+from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, ReduceOps, UnaryOps
 from tinyc.codegen.uops import PYTHON_ALU
+from tinyc.codegen.axes import (CPU_TARGET, GPU_MAX_UPCAST, KIND_COLORS, LANES, LAYOUT_RANK, MAX_UPCAST, REDUCE_SIDE, SPLIT_KINDS, TC_DTYPES,
+                                TC_SHAPE, THREADS, AxisKind, KernelOptError, KernelTarget, Opt, OptOps, TileLayout)
 from tinyc.shape.shapetracker import ShapeTracker
-
-class OptOps(Enum):
-  UPCAST = auto()    # unroll a GLOBAL axis by `amount` (0: all of it): register tiling, vectorizable lanes; `axis` counts the GLOBAL axes
-  UNROLL = auto()    # unroll a REDUCE axis by `amount` (0: all of it); `axis` counts the REDUCE axes
-  LOCAL = auto()     # make `amount` of a global axis thread ids inside a work-group (GPUs)
-  GROUP = auto()     # split a reduce axis across `amount` threads of a work-group, neighbouring threads reading neighbouring elements
-  GROUPTOP = auto()  # the same, each thread reading a contiguous run
-  PADTO = auto()     # pad a GLOBAL or REDUCE axis (counted in that order) up to a multiple of `amount` (masked), so other Opts divide it
-  NOLOCALS = auto()  # no LOCAL or GROUP: the runtime picks the work-group size
-  STAGE = auto()     # read input buffer number `axis` (1 is the first input) through local memory, a tile a reduce loop trip
-
-class AxisKind(Enum):
-  GLOBAL = auto()  # output axis: a loop on a CPU, the work-group id on a GPU
-  LOCAL = auto()   # output axis: a thread id inside the work-group
-  UPCAST = auto()  # output axis: straight-line lanes, an accumulator and a store each
-  GROUP = auto()   # reduce axis: a thread id inside the work-group; the threads' partial results meet in local memory
-  REDUCE = auto()  # reduce axis: a loop
-  UNROLL = auto()  # reduce axis: straight-line lanes, added up in one loop trip
-
-REDUCE_SIDE = (AxisKind.GROUP, AxisKind.REDUCE, AxisKind.UNROLL)
-LANES = (AxisKind.UPCAST, AxisKind.UNROLL)
-SPLIT_KINDS = {OptOps.UPCAST: AxisKind.UPCAST, OptOps.UNROLL: AxisKind.UNROLL, OptOps.LOCAL: AxisKind.LOCAL, OptOps.GROUP: AxisKind.GROUP,
-               OptOps.GROUPTOP: AxisKind.GROUP}  # the kind of the axis an Opt splits off
-# the layout, outermost first: [GLOBAL | LOCAL | GROUP | REDUCE | UPCAST and UNROLL in the order they were made]
-LAYOUT_RANK = {AxisKind.GLOBAL: 0, AxisKind.LOCAL: 1, AxisKind.GROUP: 2, AxisKind.REDUCE: 3, AxisKind.UPCAST: 4, AxisKind.UNROLL: 4}
-KIND_COLORS = {AxisKind.GLOBAL: "blue", AxisKind.LOCAL: "cyan", AxisKind.UPCAST: "yellow", AxisKind.GROUP: "green",
-               AxisKind.REDUCE: "red", AxisKind.UNROLL: "magenta"}
-
-@dataclass(frozen=True)
-class Opt:
-  op: OptOps
-  axis: int
-  amount: int
-  def __repr__(self) -> str: return f"Opt({self.op.name}, {self.axis}, {self.amount})"
-
-class KernelOptError(ValueError):
-  """An Opt that does not apply to this kernel; the kernel is left as it was."""
-
-@dataclass(frozen=True)
-class KernelTarget:
-  """What a device offers a kernel: work-groups of threads that share local memory (GPUs) and their limits."""
-  has_local: bool = False
-  max_local_size: int = 1024         # threads in one work-group
-  local_memory_bytes: int = 48 * 1024
-  max_local_dim_sizes: tuple[int, ...] = (1024, 1024, 64)  # threads along each launch dimension (x, y, z)
-  max_upcast: int = 256              # upcast lanes an Opt list may reach (see MAX_UPCAST)
-
-CPU_TARGET = KernelTarget()
-# Upcast lanes (straight-line code per loop trip) the CPU heuristic uses at most: a safe size. Larger tiles can pay (an AVX-512
-# core has 32 vector registers, a GPU thread up to 255 scalar ones) but cost compile time and can spill, so only BEAM, which
-# measures, and the GPU heuristic for big matmuls (measured there) go beyond it, up to the target's max_upcast.
-MAX_UPCAST = 64
-# A GPU kernel may reach more: the staged matmul's 8x8 tile with 16 reduce elements a trip is 1024 lanes (64 accumulators).
-GPU_MAX_UPCAST = 1024
+from tinyc.shape.symbolic import AndNode, Node, Variable
+from tinyc.shape.view import View
 
 class Kernel:
   def __init__(self, ast: LazyOp, target: KernelTarget = CPU_TARGET) -> None:
@@ -99,6 +51,7 @@ class Kernel:
     self.kinds: tuple[AxisKind, ...] = tuple(AxisKind.REDUCE if owners else AxisKind.GLOBAL for owners in self.owners)
     self.dont_use_locals = False
     self.staged: tuple[int, ...] = ()  # buffer numbers read through local memory
+    self.tile_stages = 2  # the tiles of a staged input in local memory: this trip's, and those being filled for the next
     self.applied_opts: list[Opt] = []
     self._sort_layout()
     self._drop_size_one_axes()
@@ -124,7 +77,7 @@ class Kernel:
   @property
   def upcast_size(self) -> int: return self.size_of(*LANES)
   @property
-  def local_size(self) -> int: return self.size_of(AxisKind.LOCAL, AxisKind.GROUP)  # the threads of a work-group
+  def local_size(self) -> int: return self.size_of(*THREADS)  # the threads of a work-group
   def spans(self, number: int, axis: int) -> bool:
     """Whether buffer `number` moves along `axis` (has its full size there), e.g. whether an output is a row of a reduce axis."""
     return self.sts[number].shape[axis] != 1 or self.full_shape[axis] == 1
@@ -152,13 +105,53 @@ class Kernel:
     """Local memory for the group reduces (a partial result per thread and result of each reduce a GROUP splits) and staged tiles."""
     grouped = {number for axis in self.axes(AxisKind.GROUP) for number in self.owners[axis]}
     partials = sum(self.local_size * self.partial_lanes(self.reduceops[number]) * self.reduceops[number].dtype.itemsize for number in grouped)
-    return partials + sum(2 * prod(self.full_shape[axis] for axis in self.tile_axes(number)) * self.bufs[number].dtype.itemsize
-                          for number in self.staged)
+    return partials + sum(self.tile_stages * layout.size * layout.dtype.itemsize for layout in map(self.tile_layout, self.staged))
 
   def tile_axes(self, number: int) -> list[int]:
-    """The LOCAL and lane axes along which buffer `number` moves (or is masked): its tile of one reduce loop trip spans them."""
-    strides = self.sts[number].real_strides()
-    return [axis for axis in self.axes(AxisKind.LOCAL, *LANES) if strides[axis] != 0]
+    """The thread and lane axes along which buffer `number` moves (or is masked, but for a tensor-core operand padded along with the
+    output: see broadcast_along): its tile of one reduce loop trip spans them."""
+    strides, tensor_cores = self.sts[number].real_strides(), bool(self.axes(AxisKind.TC))
+    return [axis for axis in self.axes(AxisKind.LOCAL, AxisKind.WARP, *LANES, AxisKind.TC)
+            if not (self.broadcast_along(number, axis) if tensor_cores else strides[axis] == 0)]
+
+  def broadcast_along(self, number: int, axis: int) -> bool:
+    """Whether buffer `number` has one value all along `axis` wherever the output is stored: stride 0, and masked there only as the
+    output is (every condition of its validity that reads the axis is one of the output's: PADTO pads every buffer so), so reading
+    it at index 0 instead changes no stored output."""
+    st = self.sts[number]
+    if st.real_strides(ignore_valid=True)[axis] != 0: return False
+    if st.real_strides()[axis] == 0: return True
+    idxs = [Variable(f"i{axis}", 0, size - 1) for axis, size in enumerate(self.full_shape)]
+    def terms(st: ShapeTracker) -> list[Node]:  # the conditions whose AND is the validity
+      valid = st.expr_idxs(idxs)[1]
+      return list(valid.nodes) if isinstance(valid, AndNode) else [valid]
+    output_terms = terms(self.sts[0])
+    return all(term in output_terms for term in terms(st) if idxs[axis] in term.vars())
+
+  def tile_layout(self, number: int) -> TileLayout:
+    """Where staged buffer `number`'s tile puts each element: the unrolled reduce axes outermost, then the others in the buffer's
+    memory order. A tensor-core operand keeps 16-bit values in rows along K (all of a trip's K) or, where K is not the contiguous
+    axis, along M or N (`rows`: the axis the rows step along); a row's stride is made an odd number of 16 bytes, so the 8 rows
+    ldmatrix reads at once fall in different banks."""
+    axes, strides = self.tile_axes(number), self.sts[number].real_strides(ignore_valid=True)
+    stride = lambda axis: math.inf if strides[axis] is None else cast(int, strides[axis])  # noqa: E731
+    load_order = sorted(axes, key=lambda axis: -stride(axis))
+    unrolled = [axis for axis in axes if self.kinds[axis] is AxisKind.UNROLL]
+    dtype, rows, order = self.bufs[number].dtype, None, unrolled + [axis for axis in load_order if axis not in unrolled]
+    if self.axes(AxisKind.TC):  # the 8 rows and columns of ldmatrix's matrices: along M (WARP 8) or N (WARP 4 x FRAGMENT 2), and K
+      tc, warp = self.axes(AxisKind.TC)[0], next(axis for axis in axes if self.kinds[axis] is AxisKind.WARP)
+      outer = [warp] if self.full_shape[warp] == 8 else [warp, next(a for a in axes if self.kinds[a] is AxisKind.FRAGMENT and a > warp)]
+      others = [axis for axis in load_order if axis not in unrolled + outer + [tc]]
+      if stride(tc) > stride(outer[-1]): order, rows = unrolled + [tc] + others + outer, tc  # K is not contiguous: ldmatrix .trans
+      else: order, rows = others + outer + unrolled + [tc], outer[-1]
+      dtype = dtypes.uint16  # the values' bits, moved and read as they are
+    elif dtype in TC_DTYPES: dtype = dtypes.float32  # 16-bit floats are floats in registers, and in these tiles
+    layout_strides, size = {}, 1
+    for axis in reversed(order):
+      if axis == rows and (size * dtype.itemsize // 16) % 2 == 0: size += 16 // dtype.itemsize
+      layout_strides[axis], size = size, size * self.full_shape[axis]
+    view = View.create(self.full_shape, tuple(layout_strides.get(axis, 0) for axis in range(self.shape_len)))
+    return TileLayout(view, size, dtype, load_order, rows)
 
   def describe_layout(self) -> str:
     """The axes, each size coloured by its kind (DEBUG>=3 prints it), then the kinds in words."""
@@ -212,14 +205,15 @@ class Kernel:
     self.applied_opts.append(opt)
 
   def _apply(self, opt: Opt) -> None:
-    if opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.NOLOCALS, OptOps.STAGE):
+    if opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.NOLOCALS, OptOps.STAGE, OptOps.TC):
       _check(self.target.has_local, opt, "this device has no work-groups")
       _check(not self.dont_use_locals, opt, "NOLOCALS was applied")
     if opt.op is OptOps.NOLOCALS:
-      _check(not self.axes(AxisKind.LOCAL, AxisKind.GROUP), opt, "the kernel already chose its locals")
+      _check(not self.axes(*THREADS), opt, "the kernel already chose its locals")
       self.dont_use_locals = True
       return
     if opt.op is OptOps.STAGE: return self._stage(opt)
+    if opt.op is OptOps.TC: return self._tensor_core(opt)
     global_axes, reduce_axes = self.axes(AxisKind.GLOBAL), self.axes(AxisKind.REDUCE)
     allowed = {OptOps.UPCAST: global_axes, OptOps.LOCAL: global_axes, OptOps.UNROLL: reduce_axes, OptOps.GROUP: reduce_axes,
                OptOps.GROUPTOP: reduce_axes, OptOps.PADTO: global_axes + reduce_axes}[opt.op]
@@ -254,11 +248,54 @@ class Kernel:
     _check(self.n_outputs <= number < len(self.bufs) and isinstance(self.bufs[number], MemBuffer), opt,
            f"buffer {number} is not an input of this kernel (its inputs are {self.n_outputs}..{len(self.bufs) - 1}, constants excluded)")
     _check(number not in self.staged, opt, "the buffer is staged already")
+    _check(not self.axes(AxisKind.TC), opt, "TC stages its operands itself, and reads no other buffer in its reduce")
     _check(len(self.reduceops) == 1 and self.n_outputs == 1 and not self.stores_rows, opt,
            "only a kernel with one reduce and one output, storing no row, stages its inputs")
     _check(self.bufs[number] not in _loads_outside_reduces(self.ast), opt, "the buffer is also read after the reduce")
     _check(bool(self.tile_axes(number)), opt, "every thread reads the same element of the buffer a trip: there is nothing to share")
     self.staged += (number,)
+
+  def tensor_core_operands(self) -> list[int]:
+    """The buffer numbers of the two 16-bit inputs whose products the kernel's one reduce sums, if tensor cores can compute it."""
+    if len(self.reduceops) != 1 or self.n_outputs != 1 or self.stores_rows: return []
+    widened = lambda node: node.src[0] if node.op is UnaryOps.CAST and node.dtype == dtypes.float32 else node  # noqa: E731 (exact)
+    reduceop, product = self.reduceops[0], widened(self.reduceops[0].src[0])
+    if reduceop.op is not ReduceOps.SUM or product.op is not BinaryOps.MUL: return []
+    loads = [widened(src) for src in product.src]  # a product of 16-bit floats is exact in float32 registers, as in the mma
+    if not all(load.op is BufferOps.LOAD and load.dtype in TC_DTYPES and load.dtype == loads[0].dtype for load in loads): return []
+    numbers = [self.bufs.index(load.arg) for load in loads]
+    return numbers if numbers[0] != numbers[1] and self.bufs[numbers[0]] not in _loads_outside_reduces(self.ast) else []
+
+  def tensor_core_choices(self) -> list[tuple[int, int, int]]:
+    """The (M, N, K) axes a TC Opt can map onto one mma: a REDUCE axis both operands span, a GLOBAL axis only the first spans and
+    one only the second does, sizes multiples of TC_SHAPE (PADTO first otherwise). Those with N the output's contiguous axis first."""
+    if not (operands := self.tensor_core_operands()): return []
+    spans = lambda number, axis: not self.broadcast_along(number, axis)  # noqa: E731
+    choices = [(m, n, k) for k in self.axes(AxisKind.REDUCE) if self.full_shape[k] % TC_SHAPE[2] == 0 and all(spans(i, k) for i in operands)
+               for first, second in (operands, operands[::-1]) for n in self.axes(AxisKind.GLOBAL) for m in self.axes(AxisKind.GLOBAL)
+               if spans(first, m) and not spans(second, m) and spans(second, n) and not spans(first, n)
+               and self.full_shape[m] % TC_SHAPE[0] == 0 and self.full_shape[n] % TC_SHAPE[1] == 0]
+    return sorted(choices, key=lambda choice: self.sts[0].real_strides()[choice[1]] != 1)
+
+  def _tensor_core(self, opt: Opt) -> None:
+    """Split M into (M/16, 2 FRAGMENT, 8 WARP), N into (N/8, 4 WARP, 2 FRAGMENT) and K into (K/16, 16 TC): the 32 threads of a warp
+    are (8 rows x 4 column pairs) of each 16 x 8 output tile, as mma.sync's accumulators are. Both operands are staged, with
+    `amount` tiles of each in flight (copied asynchronously: the tiles of the next amount - 1 trips load during this one's work)."""
+    _check(self.target.tensor_cores, opt, "this device has no tensor cores")
+    _check(opt.amount == 0 or 2 <= opt.amount <= 8, opt, f"TC's amount is the number of tile stages, 2 to 8 (0: 2), not {opt.amount}")
+    _check(set(self.kinds) <= {AxisKind.GLOBAL, AxisKind.REDUCE}, opt, "TC comes before every Opt but PADTO")
+    choices = self.tensor_core_choices()
+    _check(0 <= opt.axis < len(choices), opt, f"choice {opt.axis} is not one of this kernel's {len(choices)} ways onto tensor cores "
+           "(a sum of products of two 16-bit inputs, with M, N and K multiples of 16, 8 and 16)")
+    m, n, k = choices[opt.axis]
+    self.staged, self.tile_stages = tuple(self.tensor_core_operands()), opt.amount or 2
+    positions = [self.axes(AxisKind.GLOBAL).index(m), self.axes(AxisKind.GLOBAL).index(n), self.axes(AxisKind.REDUCE).index(k)]
+    self.shift_to(self.axes(AxisKind.GLOBAL)[positions[0]], 16, AxisKind.FRAGMENT)
+    self.shift_to(self.axes(AxisKind.FRAGMENT)[0], 8, AxisKind.WARP)
+    self.shift_to(self.axes(AxisKind.GLOBAL)[positions[1]], 8, AxisKind.WARP)
+    self.shift_to(self.axes(AxisKind.WARP)[1], 2, AxisKind.FRAGMENT)
+    self.shift_to(self.axes(AxisKind.REDUCE)[positions[2]], 16, AxisKind.TC)
+    self._drop_size_one_axes()
 
   def _check_limits(self, opt: Opt) -> None:
     _check(self.upcast_size <= self.target.max_upcast, opt,
@@ -266,6 +303,7 @@ class Kernel:
     _check(self.local_size <= self.target.max_local_size, opt,
            f"{self.local_size} threads per work-group is over this device's {self.target.max_local_size}; use a smaller amount")
     thread_axes = tuple(self.full_shape[axis] for axis in self.axes(AxisKind.LOCAL, AxisKind.GROUP))  # the last is launch dimension 0
+    thread_axes += (self.size_of(AxisKind.WARP),) if self.axes(AxisKind.WARP) else ()  # a warp's threads are one dimension
     limits = self.target.max_local_dim_sizes
     _check(len(thread_axes) <= len(limits), opt, "no launch dimension is left for another local axis; use fewer LOCAL/GROUP axes")
     _check(all(size <= limit for size, limit in zip(reversed(thread_axes), limits)), opt,
@@ -339,3 +377,6 @@ def _is_zero_where_padded(node: LazyOp) -> bool:
     return PYTHON_ALU[node.op](*sources)
   try: return value(node) == 0
   except (KeyError, ArithmeticError, ValueError): return False
+
+__all__ = ["CPU_TARGET", "GPU_MAX_UPCAST", "KIND_COLORS", "LANES", "LAYOUT_RANK", "MAX_UPCAST", "REDUCE_SIDE", "SPLIT_KINDS", "TC_DTYPES", "TC_SHAPE",
+           "THREADS", "AxisKind", "Kernel", "KernelOptError", "KernelTarget", "Opt", "OptOps", "TileLayout"]

@@ -14,8 +14,9 @@ from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, 
 from tinyc.shape.shapetracker import flatten_node
 from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, simplify_given_valid
 from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel
-from tinyc.codegen.uops import PYTHON_ALU, VECTOR_WIDTH, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind, UOp, UOps, cast_python_value
-from tinyc.codegen.tiles import Tile, define_tile, load_tiles, store_tiles
+from tinyc.codegen.uops import (PYTHON_ALU, VECTOR_WIDTH, Fragment, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind, UOp, UOps,
+                               cast_python_value)
+from tinyc.codegen.tiles import Tile, copy_tiles, define_tile, load_tiles, store_tiles
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
 IDENTITY = {BinaryOps.ADD: 0, BinaryOps.MUL: 1}
@@ -28,7 +29,7 @@ class Scope:
   bound: dict[int, Node]
   lane_axes: list[int]
   reduced: dict[LazyOp, tuple[tuple[int, ...], dict[tuple[int, ...], UOp]]]
-  tile_parity: Node | None = None
+  tile_stage: Node | None = None
 
 class Lanes(NamedTuple):
   """The lanes of one computation: each lane's index of every axis, laid out row-major over `sizes` (one size a lane axis)."""
@@ -175,8 +176,8 @@ class Linearizer:
         value, zero = self.const(buf.val, buf.dtype), self.const(0, buf.dtype)
         return [self.alu(TernaryOps.WHERE, buf.dtype, self.index(st.expr_idxs(idxs)[1]), value, zero) for idxs in lanes.idxs]
       if (tile := self.tiles.get(buf)) is not None:
-        assert scope.tile_parity is not None, "a staged buffer is read inside its reduce loop"
-        return self.read(tile.memory, lanes.sizes, [(tile.index(idxs, scope.tile_parity), NumNode(1)) for idxs in lanes.idxs], buf.dtype)
+        assert scope.tile_stage is not None, "a staged buffer is read inside its reduce loop"
+        return self.read(tile.memory, lanes.sizes, [(tile.index(idxs, scope.tile_stage), NumNode(1)) for idxs in lanes.idxs], buf.dtype)
       return self.read(self.globals[buf.idx], lanes.sizes, [st.expr_idxs(idxs) for idxs in lanes.idxs], buf.dtype)
     if node.op in ReduceOps:
       if node not in scope.reduced: self.reduce(node, scope)  # a reduce that depends on an axis bound here and no further out
@@ -196,7 +197,8 @@ class Linearizer:
   def linearize(self) -> list[UOp]:
     kernel = self.kernel
     global_loops = self.thread_indices()
-    top = Scope({axis: self.thread_idxs[axis] for axis in kernel.axes(AxisKind.GLOBAL, AxisKind.LOCAL)}, kernel.axes(AxisKind.UPCAST), {})
+    top = Scope({axis: self.thread_idxs[axis] for axis in kernel.axes(AxisKind.GLOBAL, AxisKind.LOCAL, AxisKind.WARP)},
+                kernel.axes(AxisKind.UPCAST, AxisKind.FRAGMENT), {})
     for store in kernel.stores: self.hoist(store.src[0], top)
     # outputs that are rows walk their reduce axes once more, every thread of a group its share; the others are stored once,
     # by the threads with group id 0
@@ -210,18 +212,30 @@ class Linearizer:
     return self.uops
 
   def thread_indices(self) -> list[UOp]:
-    """Index variables of the GLOBAL, LOCAL and GROUP axes (in `thread_idxs`); returns the loops of the GLOBAL axes on a CPU. With
-    LOCAL or GROUP axes GLOBAL axes are work-group ids, else global thread ids; the last axis is dimension 0 (neighbouring memory)."""
+    """Index variables of the GLOBAL, LOCAL, GROUP and WARP axes (in `thread_idxs`); returns the loops of the GLOBAL axes on a CPU.
+    With thread axes GLOBAL axes are work-group ids, else global thread ids; the last axis is dimension 0 (neighbouring memory),
+    except that a warp's 32 threads (its WARP axes: 8 rows x 4 columns of a tensor-core tile) are dimension 0 together."""
     kernel = self.kernel
-    global_axes, thread_axes = kernel.axes(AxisKind.GLOBAL), kernel.axes(AxisKind.LOCAL, AxisKind.GROUP)
-    for axes, prefix, kind in ((global_axes, "g", ThreadKind.GROUP if thread_axes else ThreadKind.GLOBAL), (thread_axes, "l", ThreadKind.LOCAL)):
+    global_axes, thread_axes, warp_axes = kernel.axes(AxisKind.GLOBAL), kernel.axes(AxisKind.LOCAL, AxisKind.GROUP), kernel.axes(AxisKind.WARP)
+    for axes, prefix, kind in ((global_axes, "g", ThreadKind.GROUP if thread_axes or warp_axes else ThreadKind.GLOBAL),
+                               (thread_axes, "l", ThreadKind.LOCAL)):
       for position, axis in enumerate(axes):
-        name, size, dim = f"{prefix}idx{axis}", kernel.full_shape[axis], len(axes) - 1 - position
+        name, size, dim = f"{prefix}idx{axis}", kernel.full_shape[axis], len(axes) - 1 - position + (prefix == "l" and bool(warp_axes))
         self.thread_idxs[axis] = Variable(name, 0, size - 1)
         if self.threads: self.loop_uops[name] = self.uop(UOps.SPECIAL, self.index_dtype, (), ThreadIndex(dim, name, size, kind), pure=False)
-    assert self.threads or not thread_axes, "LOCAL and GROUP axes need a GPU"
+    if warp_axes:
+      self.loop_uops["lane"] = self.uop(UOps.SPECIAL, self.index_dtype, (), ThreadIndex(0, "lane", 32, ThreadKind.LOCAL), pure=False)
+      self.thread_idxs[warp_axes[0]], self.thread_idxs[warp_axes[1]] = self.lane // 4, self.lane % 4
+    assert self.threads or not thread_axes + warp_axes, "LOCAL, GROUP and WARP axes need a GPU"
     return [] if self.threads else [self.loop(f"gidx{axis}", kernel.full_shape[axis], axis, outermost_global=axis == global_axes[0])
                                     for axis in global_axes]
+
+  lane = Variable("lane", 0, 31)  # a thread's place in its warp
+
+  def work_group_thread(self) -> Node:
+    """This thread's number in its work-group, over its LOCAL axes and its place in the warp."""
+    local_axes = self.kernel.axes(AxisKind.LOCAL)
+    return flatten_node([self.thread_idxs[axis] for axis in local_axes] + [self.lane], [self.kernel.full_shape[axis] for axis in local_axes] + [32])
 
   def group_member(self) -> Node:
     """This thread's position among the threads that share a group reduce."""
@@ -268,23 +282,76 @@ class Linearizer:
     keys = list(itertools.product(*[range(kernel.full_shape[axis]) for axis in key_axes]))
     accs = self.define_accs(reduceop, len(keys))
     scope = Scope(outer.bound | {axis: self.thread_idxs[axis] for axis in grouped}, sorted(key_axes + unrolled), dict(outer.reduced))
-    if self.tiles: store_tiles(self, load_tiles(self, scope.bound, looped, NumNode(0)))  # the first trip's, before the loops
+    tensor_cores, stages = bool(kernel.axes(AxisKind.TC)), kernel.tile_stages
+    if tensor_cores:  # the first stages - 1 trips' tiles, before the loops
+      for stage in range(stages - 1): copy_tiles(self, scope.bound, looped, NumNode(stage), NumNode(stage))
+    elif self.tiles: store_tiles(self, load_tiles(self, scope.bound, looped, NumNode(0)))  # the first trip's, before the loops
     loops = self.walk_loops(looped, reduceop.src[0], scope)
-    if self.tiles:  # load the next trip's tiles (the first again after the last) now, store them after this trip's work
-      trip = flatten_node([scope.bound[axis] for axis in looped], [kernel.full_shape[axis] for axis in looped])
-      scope.tile_parity = trip % 2
+    trip = flatten_node([scope.bound[axis] for axis in looped], [kernel.full_shape[axis] for axis in looped])
+    if tensor_cores:  # wait for this trip's tiles; then every thread is done with the last trip's stage, which gets the tiles of trip + stages - 1
+      self.uop(UOps.ASYNC_WAIT, None, (), stages - 2, pure=False)
+      self.barrier()
+      copy_tiles(self, scope.bound, looped, trip + stages - 1, (trip + stages - 1) % stages)
+      scope.tile_stage = trip % stages
+    elif self.tiles:  # load the next trip's tiles (the first again after the last) now, store them after this trip's work
+      scope.tile_stage = trip % 2
       upcoming = load_tiles(self, scope.bound, looped, trip + 1)
-    lanes = self.lanes(scope)
-    values = self.parse(reduceop.src[0], lanes, scope)
-    for idxs, value in zip(lanes.idxs, values):
-      self.accumulate(op, accs[keys.index(tuple(cast(NumNode, idxs[axis]).b for axis in key_axes))], value)
-    if self.tiles: store_tiles(self, upcoming)  # into the other tile, which every thread finished reading before the last barrier
+    if kernel.axes(AxisKind.TC): self.mma(scope, accs, keys, key_axes)
+    else:
+      lanes = self.lanes(scope)
+      values = self.parse(reduceop.src[0], lanes, scope)
+      for idxs, value in zip(lanes.idxs, values):
+        self.accumulate(op, accs[keys.index(tuple(cast(NumNode, idxs[axis]).b for axis in key_axes))], value)
+    if self.tiles and not tensor_cores: store_tiles(self, upcoming)  # into the other tile, which every thread read before the last barrier
     for loop in reversed(loops): self.end(loop)
+    if tensor_cores: self.uop(UOps.ASYNC_WAIT, None, (), 0, pure=False)  # no copy left running (they were for trips past the last)
     partials = [self.uop(UOps.LOAD, reduceop.dtype, (acc,), pure=False) for acc in accs]
     if grouped:
       last = reduceop is kernel.reduceops[-1] and all(other in outer.reduced for other in kernel.reduceops[:-1])
       partials = self.group_reduce(reduceop, partials, everyone=bool(self._open_loops) or not last or kernel.stores_rows)
     outer.reduced[reduceop] = (tuple(key_axes), dict(zip(keys, partials)))
+
+  def mma(self, scope: Scope, accs: list[UOp], keys: list[tuple[int, ...]], key_axes: list[int]) -> None:
+    """Accumulate on tensor cores: one mma for each of the scope's other lanes (the warp's tiles along M and N, the unrolled
+    steps of K), adding 16 x 8 x 16 products to the 4 accumulators of the thread's FRAGMENT lanes there. B's fragments are read
+    two at once (ldmatrix.x4) along the first lane axis B spans, where it has an even size."""
+    kernel, stage = self.kernel, cast(Node, scope.tile_stage)
+    a_tile, b_tile = sorted(self.tiles.values(), key=lambda tile: -kernel.full_shape[self._warp_axis(tile)])  # A spans WARP 8 (M)
+    fragment_axes = kernel.axes(AxisKind.FRAGMENT)
+    others = [axis for axis in scope.lane_axes if axis not in fragment_axes]
+    paired = next((axis for axis in others if axis in kernel.tile_axes(b_tile.number) and kernel.full_shape[axis] % 2 == 0), None)
+    for values in itertools.product(*[range(kernel.full_shape[axis]) for axis in others]):
+      at = scope.bound | dict(zip(others, map(NumNode, values)))
+      a = self.fragment(a_tile, at, stage)
+      if paired is None: b = self.fragment(b_tile, at, stage)
+      else:  # the pair's first place, and which of the two this is
+        first, second = divmod(cast(NumNode, at[paired]).b, 2)
+        b = self.fragment(b_tile, at | {paired: NumNode(2 * first)}, stage, paired)[2 * second:][:2]
+      quad = [accs[keys.index(tuple(cast(NumNode, (at | dict(zip(fragment_axes, map(NumNode, corner))))[axis]).b for axis in key_axes))]
+              for corner in ((0, 0), (0, 1), (1, 0), (1, 1))]
+      self.uop(UOps.WMMA, None, (*a, *b, *quad), kernel.bufs[a_tile.number].dtype, pure=False)
+
+  def _warp_axis(self, tile: Tile) -> int: return next(axis for axis in self.kernel.axes(AxisKind.WARP) if axis in self.kernel.tile_axes(tile.number))
+
+  def fragment(self, tile: Tile, at: dict[int, Node], stage: Node, paired: int | None = None) -> list[UOp]:
+    """Registers of an operand's fragment, read from its tile by one ldmatrix: of A (16 x 16 of M x K) four 8 x 8 matrices (M 0-7
+    and 8-15 at K 0-7, then at K 8-15), of B (8 x 16 of N x K) two, or four with the next place along axis `paired` too. Thread
+    `lane` gives the address of row lane % 8 of matrix lane // 8: a row of 8 along K or, where the tile's rows are along K
+    (`transposed`: K is not the contiguous axis), a row of 8 along M or N."""
+    kernel, tc = self.kernel, self.kernel.axes(AxisKind.TC)[0]
+    warp = self._warp_axis(tile)
+    fragment = next(axis for axis in kernel.axes(AxisKind.FRAGMENT) if axis in kernel.tile_axes(tile.number))
+    is_a, transposed = kernel.full_shape[warp] == 8, tile.layout.rows == tc
+    count = 4 if is_a or paired is not None else 2
+    matrix, row = (self.lane // 8) % count, self.lane % 8
+    outer = NumNode(0) if transposed else row  # the row's place along M (0..15) or N (0..7)
+    k = (matrix // 2 if is_a else matrix % 2) * 8 + (row if transposed else 0)
+    place = {fragment: matrix % 2, warp: outer} if is_a else {warp: outer // 2, fragment: outer % 2}
+    if paired is not None: place[paired] = at[paired] + matrix // 2
+    idxs = [(at | place | {tc: k}).get(axis, NumNode(0)) for axis in range(kernel.shape_len)]
+    address = self.index(tile.index(idxs, stage))
+    registers = self.uop(UOps.LOAD_FRAGMENT, dtypes.uint32.vec(count), (tile.memory, address), Fragment(count, transposed))
+    return [self.uop(UOps.GEP, dtypes.uint32, (registers,), i) for i in range(count)]
 
   def group_reduce(self, reduceop: LazyOp, partials: list[UOp], everyone: bool) -> list[UOp]:
     """Finish a reduce split across the work-group: the threads' partial results meet in local memory, where a tree adds them up

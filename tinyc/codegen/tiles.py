@@ -3,7 +3,6 @@ trip's tile into registers before this trip's work and stores it into the other 
 Imports dtype, helpers, ops, shape/, codegen/kernel, codegen/uops; the Linearizer passes itself in.
 """
 from __future__ import annotations
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, cast
 from tinyc.dtype import dtypes
@@ -11,9 +10,8 @@ from tinyc.helpers import prod
 from tinyc.ops import MemBuffer
 from tinyc.shape.shapetracker import flatten_node, unflatten_node
 from tinyc.shape.symbolic import Node, NumNode
-from tinyc.shape.view import View, strides_for_shape
-from tinyc.codegen.uops import VECTOR_WIDTH, UOp
-from tinyc.codegen.kernel import LANES, AxisKind
+from tinyc.codegen.uops import VECTOR_WIDTH, UOp, UOps
+from tinyc.codegen.kernel import LANES, AxisKind, TileLayout
 if TYPE_CHECKING: from tinyc.codegen.linearizer import Address, Linearizer
 
 @dataclass(frozen=True)
@@ -21,10 +19,8 @@ class Tile:
   """A staged input's local memory: two tiles, one for this reduce loop trip and one being filled for the next."""
   number: int        # the buffer's number in the kernel
   memory: UOp        # DEFINE_LOCAL of 2 * size elements
-  layout: View       # the kernel's full shape -> a position in a tile (stride 0 along the axes the tile does not span)
-  size: int
-  load_order: list[int]  # the tile's axes in the buffer's memory order, outermost first
-  def index(self, idxs: list[Node], parity: Node) -> Node: return self.layout.expr_idxs(idxs) + parity * self.size
+  layout: TileLayout
+  def index(self, idxs: list[Node], parity: Node) -> Node: return self.layout.view.expr_idxs(idxs) + parity * self.layout.size
 
 class TileShare(NamedTuple):
   """What one thread copies into a tile: values (laid out as `sizes`) and each one's address there (index, gate)."""
@@ -34,20 +30,9 @@ class TileShare(NamedTuple):
   addresses: list[Address]
 
 def define_tile(ctx: Linearizer, number: int) -> Tile:
-  """Local memory for two tiles of staged buffer `number`. A tile lays out the unrolled reduce axes outermost, then the other
-  axes in the buffer's own order, so each thread's lanes of one reduce element sit side by side (16-byte reads)."""
-  kernel = ctx.kernel
-  axes, strides = kernel.tile_axes(number), kernel.sts[number].real_strides(ignore_valid=True)
-  load_order = sorted(axes, key=lambda axis: -math.inf if strides[axis] is None else -cast(int, strides[axis]))
-  unrolled = [axis for axis in axes if kernel.kinds[axis] is AxisKind.UNROLL]
-  layout_order = unrolled + [axis for axis in load_order if axis not in unrolled]
-  layout_strides = dict(zip(layout_order, strides_for_shape(tuple(kernel.full_shape[axis] for axis in layout_order))))
-  layout = View.create(kernel.full_shape, tuple(layout_strides.get(axis, 0) for axis in range(kernel.shape_len)))
-  size, buf = prod(kernel.full_shape[axis] for axis in axes), kernel.bufs[number]
-  # 16-bit floats are floats in registers: their tiles hold those (OpenCL has no half arrays without an extension)
-  dtype = dtypes.float32 if buf.dtype in (dtypes.float16, dtypes.bfloat16) else buf.dtype
-  memory = ctx.define_local(dtype, f"tile{number}", 2 * size)
-  return Tile(number, memory, layout, size, load_order)
+  """Local memory for two tiles of staged buffer `number`, laid out as Kernel.tile_layout says."""
+  layout = ctx.kernel.tile_layout(number)
+  return Tile(number, ctx.define_local(layout.dtype, f"tile{number}", ctx.kernel.tile_stages * layout.size), layout)
 
 def load_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], trip: Node) -> list[TileShare]:
   """This thread's share of every tile for reduce loop trip `trip` over `reduce_axes` (`bound`: its GLOBAL and LOCAL indices): the
@@ -58,10 +43,10 @@ def load_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], 
   local_axes, spread_axes = kernel.axes(AxisKind.LOCAL), kernel.axes(AxisKind.LOCAL, *LANES)  # the tile spreads over these
   thread = flatten_node([bound[axis] for axis in local_axes], [kernel.full_shape[axis] for axis in local_axes])
   for tile in ctx.tiles.values():
-    inner, outer_axes = tile.load_order[-1], tile.load_order[:-1]
-    fits = kernel.full_shape[inner] % VECTOR_WIDTH == 0 and tile.size % (VECTOR_WIDTH * kernel.local_size) == 0
+    inner, outer_axes = tile.layout.load_order[-1], tile.layout.load_order[:-1]
+    fits = kernel.full_shape[inner] % VECTOR_WIDTH == 0 and tile.layout.size % (VECTOR_WIDTH * kernel.local_size) == 0
     width = VECTOR_WIDTH if fits else 1
-    runs, runs_per_row = tile.size // width, kernel.full_shape[inner] // width
+    runs, runs_per_row = prod(kernel.full_shape[axis] for axis in tile.layout.load_order) // width, kernel.full_shape[inner] // width
     lanes, gates = [], []
     for turn in range(-(-runs // kernel.local_size)):
       run = thread + turn * kernel.local_size
@@ -77,6 +62,40 @@ def load_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], 
     else: values = [ctx.load(memory, index, Node.ands([valid, gate])) for (index, valid), gate in zip(sources, gates)]
     shares.append(TileShare(tile.memory, sizes, values, [(tile.index(idxs, trip % 2), gate) for idxs, gate in zip(lanes, gates)]))
   return shares
+
+def copy_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], trip: Node, stage: Node) -> None:
+  """Copy the tensor-core operands' tiles of reduce loop trip `trip` into tile stage `stage`, as bits, the threads taking turns
+  along each buffer's memory order: 8 neighbours (16 bytes) a turn in the background where they are neighbours in memory and in
+  the tile, else one at once. The copies are one group (ASYNC_WAIT waits for groups)."""
+  kernel, thread = ctx.kernel, ctx.work_group_thread()
+  trip_sizes = tuple(kernel.full_shape[axis] for axis in reduce_axes)
+  placed = bound | dict(zip(reduce_axes, unflatten_node(trip % prod(trip_sizes), trip_sizes)))
+  for tile in ctx.tiles.values():
+    order = tile.layout.load_order
+    at = placed | {axis: NumNode(0) for axis in range(kernel.shape_len) if kernel.broadcast_along(tile.number, axis)}
+    sizes, st = [kernel.full_shape[axis] for axis in order], kernel.sts[tile.number]
+    def idxs(chunk: Node, lane: int, width: int) -> list[Node]:  # the kernel's indices of element `lane` of chunk `chunk` of `width`
+      inner = next(i for i in reversed(range(len(sizes))) if prod(sizes[i:]) % width == 0)  # the innermost axes hold whole chunks
+      per_run = prod(sizes[inner:]) // width
+      coords = unflatten_node(chunk // per_run, tuple(sizes[:inner])) + unflatten_node((chunk % per_run) * width + lane, tuple(sizes[inner:]))
+      return [dict(zip(order, coords)).get(axis, at.get(axis, NumNode(0))) for axis in range(kernel.shape_len)]
+    def moves_together(width: int) -> bool:
+      if prod(sizes) % (width * kernel.local_size): return False
+      sources = [st.expr_idxs(idxs(thread, lane, width)) for lane in range(width)]
+      targets = [tile.index(idxs(thread, lane, width), NumNode(0)) for lane in range(width)]
+      return (sources[0][0] % width == 0 and targets[0] % width == 0 and all(valid == sources[0][1] for _, valid in sources) and
+              all(source - sources[0][0] == i and target - targets[0] == i for i, ((source, _), target) in enumerate(zip(sources, targets))))
+    width, memory = 8 if moves_together(8) else 1, ctx.globals[cast(MemBuffer, kernel.bufs[tile.number]).idx]
+    for turn in range(-(-prod(sizes) // (width * kernel.local_size))):
+      chunk = thread + turn * kernel.local_size
+      (source, valid), target = st.expr_idxs(idxs(chunk, 0, width)), ctx.index(tile.index(idxs(chunk, 0, width), stage))
+      in_range = chunk < prod(sizes) // width  # the last turn may have threads to spare
+      index, gates = ctx.access(source, valid if width == 8 else Node.ands([valid, in_range]))
+      if width == 8: ctx.uop(UOps.COPY_ASYNC, None, (tile.memory, target, memory, index) + gates, pure=False)
+      else:
+        value = ctx.uop(UOps.LOAD, dtypes.uint16, (memory, index) + gates)
+        ctx.uop(UOps.STORE, None, (tile.memory, target, value) + ((ctx.index(in_range),) if in_range.min == 0 else ()), pure=False)
+  ctx.uop(UOps.ASYNC_COMMIT, None, pure=False)
 
 def store_tiles(ctx: Linearizer, shares: list[TileShare]) -> None:
   """Each thread's share into its tile, then a barrier: every thread reads the whole tile."""

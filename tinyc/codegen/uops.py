@@ -24,6 +24,11 @@ class UOps(Enum):
   BITCAST = auto()
   VECTORIZE = auto()      # src: the lanes; dtype: their vector type (a LOAD or STORE of a vector moves all lanes at once)
   GEP = auto()            # src: (vector,); arg: the lane it reads
+  LOAD_FRAGMENT = auto()  # src: (local memory, this thread's row index); arg: a Fragment; dtype: a uint32 vector, a register a matrix
+  WMMA = auto()           # src: (4 A registers, 2 B registers, 4 accumulators); arg: the operands' DType; adds A @ B to the accumulators
+  COPY_ASYNC = auto()     # src: (local memory, index, global memory, index[, valid]): 16 bytes copied in the background (0 where invalid)
+  ASYNC_COMMIT = auto()   # the copies issued since the last commit are one group
+  ASYNC_WAIT = auto()     # arg: n; wait until at most the n newest groups of copies are in flight
 
 class GlobalBuffer(NamedTuple):
   """DEFINE_GLOBAL's arg: a buffer the kernel takes as a pointer parameter. Parameters are in buffer-number order, outputs first."""
@@ -53,6 +58,14 @@ class Loop(NamedTuple):
   name: str
   vectorize: bool
   outermost_global: bool = False
+
+class Fragment(NamedTuple):
+  """LOAD_FRAGMENT's arg: `matrices` 8 x 8 matrices of 16-bit values read by a warp together (ldmatrix), each thread giving the
+  address of one row of 8 and getting 2 values of each matrix packed in a register; `transposed`: the rows in memory are columns."""
+  matrices: int
+  transposed: bool
+
+TC_FLOPS_PER_THREAD = 2 * 16 * 8 * 16 // 32  # one mma.sync m16n8k16, shared by a warp's 32 threads
 
 VECTOR_WIDTH = 4  # lanes of a GPU vector load or store: 4 x 4 bytes is the widest single memory instruction
 

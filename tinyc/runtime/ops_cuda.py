@@ -9,7 +9,7 @@ touches the driver (allocation, copies, module loads, launches, events, graphs) 
 current on its thread (PRIMARY.make_current(): once per thread, then one attribute lookup).
 """
 from __future__ import annotations
-import atexit, ctypes, ctypes.util, functools, struct, threading
+import atexit, ctypes, ctypes.util, functools, re, struct, threading
 from typing import Any, Callable
 import numpy as np
 import pycuda.driver as cuda
@@ -73,19 +73,22 @@ class CUDACompiler:
   def compile(self, name: str, source: str) -> Callable[..., float | None]:
     PRIMARY.make_current()
     if source not in self.modules: self.modules[source] = _load_module(name, cached_cubin(name, source, self.arch))
-    return _runner(self.modules[source], name)
+    return _runner(self.modules[source], name, source)
 
   def load(self, name: str, source: str, cubin: bytes) -> Callable[..., float | None]:
     """A runner for a cubin compiled elsewhere (a BEAM worker)."""
     PRIMARY.make_current()
-    return _runner(_load_module(name, cubin), name)
+    return _runner(_load_module(name, cubin), name, source)
 
 def _load_module(name: str, cubin: bytes) -> Any:
   try: return cuda.module_from_buffer(cubin)
   except cuda.Error as error: raise CompileError(f"CUDA could not load kernel {name}: {error}") from error
 
-def _runner(module: Any, name: str) -> Callable[..., float | None]:
+def _runner(module: Any, name: str, source: str) -> Callable[..., float | None]:
   function = module.get_function(name)
+  # local memory over the 48 KB a kernel may declare statically is dynamic, its size in a comment the renderer writes (cstyle.py)
+  dynamic_local = int(found.group(1)) if (found := re.search(r"dynamic local memory: (\d+) bytes", source)) else 0
+  if dynamic_local: function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_local)
   # pycuda's prepared_call ends in _launch_kernel: called directly, a launch took 4.5 us on the H200 machine instead of 5.5
   launch = function._launch_kernel
   def run(*buffers: Any, global_size: tuple[int, int, int], local_size: tuple[int, int, int], wait: bool = False, stream: Any = None) -> float | None:
@@ -95,7 +98,7 @@ def _runner(module: Any, name: str) -> Callable[..., float | None]:
       if wait:
         start, end = cuda.Event(), cuda.Event()  # this run's own: threads may time one kernel at once
         start.record()
-      launch(grid, local_size, _pointer_packer(len(buffers))(*map(int, buffers)), 0, stream)
+      launch(grid, local_size, _pointer_packer(len(buffers))(*map(int, buffers)), dynamic_local, stream)
       if not wait: return None
       end.record()
       end.synchronize()
@@ -169,8 +172,9 @@ def open_device() -> Compiled:
   compiler = CUDACompiler(device)
   attribute = lambda name: device.get_attribute(getattr(cuda.device_attribute, name))  # noqa: E731
   target = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST, max_local_size=attribute("MAX_THREADS_PER_BLOCK"),
-                        local_memory_bytes=attribute("MAX_SHARED_MEMORY_PER_BLOCK"),
-                        max_local_dim_sizes=(attribute("MAX_BLOCK_DIM_X"), attribute("MAX_BLOCK_DIM_Y"), attribute("MAX_BLOCK_DIM_Z")))
+                        local_memory_bytes=attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
+                        max_local_dim_sizes=(attribute("MAX_BLOCK_DIM_X"), attribute("MAX_BLOCK_DIM_Y"), attribute("MAX_BLOCK_DIM_Z")),
+                        tensor_cores=device.compute_capability() >= (8, 0))
   return Compiled("CUDA", CUDAAllocator(), render_cuda, compiler.compile, language="CUDA C", threads=True,
                   max_local=min(256, attribute("MAX_THREADS_PER_BLOCK")), target=target,
                   compile_binary=functools.partial(compile_cuda, arch=compiler.arch, output="cubin"), load=compiler.load,

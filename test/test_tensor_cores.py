@@ -1,0 +1,129 @@
+"""Tensor cores (the TC Opt): the layout it makes, when it is legal, CUDA source that NVRTC compiles to PTX for every layout and
+dtype (so a bad mma or ldmatrix fails CI without a GPU), and on a device with tensor cores results that match numpy."""
+from __future__ import annotations
+import numpy as np
+import pytest
+from tinyc import Tensor
+from tinyc.codegen.cstyle import render_cuda
+from tinyc.codegen.heuristic import hand_coded_optimizations
+from tinyc.codegen.kernel import GPU_MAX_UPCAST, AxisKind, Kernel, KernelOptError, KernelTarget, Opt, OptOps
+from tinyc.codegen.linearizer import Linearizer
+from tinyc.device import Buffer, Device
+from tinyc.dtype import DType, dtypes
+from tinyc.helpers import prod
+from tinyc.schedule import create_schedule
+
+H200 = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST, tensor_cores=True, local_memory_bytes=227 * 1024)
+LAYOUTS = ("NN", "NT", "TN", "TT")  # T: the operand is a transposed view of a contiguous array
+TC_DTYPES = (dtypes.float16, dtypes.bfloat16)
+
+def operands(m: int, n: int, k: int, layout: str, dtype: DType, seed: int = 0) -> tuple[Tensor, Tensor, np.ndarray]:
+  """a (m x k) and b (k x n) in the layout, and their product computed in float64 from the same 16-bit values."""
+  rng = np.random.default_rng(seed)
+  arrays = [rng.standard_normal(shape[::-1] if transposed == "T" else shape).astype(np.float32)
+            for shape, transposed in (((m, k), layout[0]), ((k, n), layout[1]))]
+  tensors = [Tensor(array).cast(dtype).realize() for array in arrays]
+  tensors = [tensor.T if transposed == "T" else tensor for tensor, transposed in zip(tensors, layout)]
+  exact = [tensor.float().numpy().astype(np.float64) for tensor in tensors]
+  return tensors[0], tensors[1], exact[0] @ exact[1]
+
+def matmul_item(m: int, n: int, k: int, layout: str = "NN", dtype: DType = dtypes.float16):
+  a, b, expected = operands(m, n, k, layout, dtype)
+  return create_schedule([(a @ b).lazydata])[-1], expected
+
+def kernel_of(m: int, n: int, k: int, layout: str = "NN", dtype: DType = dtypes.float16, target: KernelTarget = H200) -> Kernel:
+  return Kernel(matmul_item(m, n, k, layout, dtype)[0].ast, target)
+
+def test_tc_makes_a_warp_of_8_x_4_threads_with_2_x_2_accumulators_each():
+  kernel = kernel_of(64, 32, 48)
+  kernel.apply_opt(Opt(OptOps.TC, 0, 0))
+  sizes = {kind: [kernel.full_shape[axis] for axis in kernel.axes(kind)] for kind in (AxisKind.WARP, AxisKind.FRAGMENT, AxisKind.TC)}
+  assert sizes == {AxisKind.WARP: [8, 4], AxisKind.FRAGMENT: [2, 2], AxisKind.TC: [16]}
+  assert kernel.full_shape[kernel.axes(AxisKind.REDUCE)[0]] == 48 // 16 and kernel.local_size == 32 and kernel.upcast_size == 4
+  assert sorted(kernel.staged) == [1, 2] and kernel.tile_stages == 2
+
+def test_tc_prefers_the_outputs_contiguous_axis_as_n():
+  kernel = kernel_of(64, 32, 48)
+  m, n, _ = kernel.tensor_core_choices()[0]
+  assert kernel.sts[0].real_strides()[n] == 1 and kernel.sts[0].real_strides()[m] == 32
+
+@pytest.mark.parametrize("why, target, shape, dtype, before, opt", [
+  ("no tensor cores", KernelTarget(has_local=True), (64, 32, 48), dtypes.float16, [], Opt(OptOps.TC, 0, 0)),
+  ("float32 inputs", H200, (64, 32, 48), dtypes.float32, [], Opt(OptOps.TC, 0, 0)),
+  ("neither M nor N a multiple of 16", H200, (40, 40, 48), dtypes.float16, [], Opt(OptOps.TC, 0, 0)),
+  ("after another Opt", H200, (64, 32, 48), dtypes.float16, [Opt(OptOps.UPCAST, 0, 4)], Opt(OptOps.TC, 0, 0)),
+  ("one tile stage", H200, (64, 32, 48), dtypes.float16, [], Opt(OptOps.TC, 0, 1)),
+  ("no such choice", H200, (64, 32, 48), dtypes.float16, [], Opt(OptOps.TC, 2, 0)),
+  ("STAGE after TC", H200, (64, 32, 48), dtypes.float16, [Opt(OptOps.TC, 0, 0)], Opt(OptOps.STAGE, 1, 0)),
+  ("GROUP after TC", H200, (64, 32, 48), dtypes.float16, [Opt(OptOps.TC, 0, 0)], Opt(OptOps.GROUP, 0, 3)),
+  ("too much local memory", KernelTarget(has_local=True, tensor_cores=True, max_upcast=GPU_MAX_UPCAST), (256, 256, 256), dtypes.float16,
+   [Opt(OptOps.TC, 0, 8), Opt(OptOps.UNROLL, 0, 4)], Opt(OptOps.UPCAST, 1, 8))])
+def test_illegal_tc_opts_raise_and_leave_the_kernel_alone(why, target, shape, dtype, before, opt):
+  kernel = kernel_of(*shape, dtype=dtype, target=target)
+  for earlier in before: kernel.apply_opt(earlier)
+  state = (kernel.full_shape, kernel.sts, kernel.kinds, kernel.staged, kernel.tile_stages)
+  with pytest.raises(KernelOptError): kernel.apply_opt(opt)
+  assert (kernel.full_shape, kernel.sts, kernel.kinds, kernel.staged, kernel.tile_stages) == state, why
+
+def test_the_heuristic_pads_odd_sizes_onto_tensor_cores():
+  kernel = kernel_of(1000, 1000, 1000)
+  opts = hand_coded_optimizations(kernel)
+  assert [opt.op for opt in opts[:4]] == [OptOps.PADTO, OptOps.PADTO, OptOps.PADTO, OptOps.TC]  # M, N and K to 1008
+  assert kernel.full_shape[kernel.axes(AxisKind.REDUCE)[0]] == 1008 // 16
+
+# Opt lists that reach each part of the TC code: 2 or more tile stages, B read two mma tiles at once (along the unroll or an
+# upcast), warps side by side (LOCAL), and padding with masked copies
+PLANS = {
+  "heuristic": None,
+  "one_warp": [Opt(OptOps.TC, 0, 2)],
+  "unrolled_pairs": [Opt(OptOps.TC, 0, 3), Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.UPCAST, 0, 2)],
+  "upcast_pairs_warps": [Opt(OptOps.TC, 0, 4), Opt(OptOps.UPCAST, 1, 2), Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.LOCAL, 0, 2)],
+  "other_choice": [Opt(OptOps.TC, 1, 0), Opt(OptOps.UPCAST, 0, 2)],
+}
+
+def apply_plan(kernel: Kernel, plan: list[Opt] | None) -> list[Opt]:
+  if plan is None: return hand_coded_optimizations(kernel)
+  for opt in plan: kernel.apply_opt(opt)
+  return plan
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", TC_DTYPES, ids=lambda dtype: dtype.name)
+def test_tensor_core_kernels_compile_to_ptx(layout, dtype):
+  try:
+    from tinyc.runtime.nvrtc import compile_cuda, load_nvrtc
+    load_nvrtc()
+  except (ImportError, RuntimeError) as error: pytest.skip(f"NVRTC is not installed here ({error}); CI installs it")
+  for name, plan in PLANS.items():
+    for shape in ((64, 32, 64), (48, 40, 80), (1000, 24, 40)):
+      kernel = kernel_of(*shape, layout=layout, dtype=dtype)
+      try: apply_plan(kernel, plan)
+      except KernelOptError: continue  # (a plan for other sizes)
+      kernel.limit_global_dims(3)
+      ptx = compile_cuda(kernel.name, render_cuda(kernel.name, Linearizer(kernel, threads=True).linearize()), "sm_90", "ptx").decode()
+      kind = "f16" if dtype == dtypes.float16 else "bf16"
+      assert f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32" in ptx, f"{name} {shape}"
+      # an operand whose K is not its contiguous axis is read transposed: A in TN and TT, B in NN and TN
+      assert ("ldmatrix.sync.aligned.m8n8.x4.trans" in ptx or "ldmatrix.sync.aligned.m8n8.x2.trans" in ptx) == (layout in ("NN", "TN", "TT"))
+      assert "cp.async.cg.shared.global" in ptx or shape == (1000, 24, 40), f"{name} {shape}: 16-byte copies in the background"
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_tensor_cores_match_numpy(layout, tinyc_device):
+  """On a device with tensor cores every plan matches numpy; elsewhere TC is refused."""
+  device = Device[Device.DEFAULT]
+  for dtype in TC_DTYPES:
+    for shape in ((64, 32, 64), (48, 40, 80), (1000, 24, 40)):
+      item, expected = matmul_item(*shape, layout=layout, dtype=dtype)
+      if not device.target.tensor_cores:
+        with pytest.raises(KernelOptError): Kernel(item.ast, device.target).apply_opt(Opt(OptOps.TC, 0, 0))
+        continue
+      for name, plan in PLANS.items():
+        kernel = Kernel(item.ast, device.target)
+        try: opts = tuple(apply_plan(kernel, plan))
+        except KernelOptError: continue
+        assert plan is not None or OptOps.TC in [opt.op for opt in opts], "the heuristic uses tensor cores"
+        out = Buffer(Device.DEFAULT, prod(item.outs[0].shape), item.outs[0].dtype)
+        device.get_program(item.ast, opts)([out] + [src.realized for src in item.inputs])
+        got = out.numpy().astype(np.float64)
+        tolerance = 2 ** -7 if dtype == dtypes.bfloat16 else 2 ** -10  # the output's rounding
+        np.testing.assert_allclose(got.reshape(expected.shape), expected, rtol=tolerance, atol=tolerance * np.abs(expected).max(),
+                                   err_msg=f"{name} {shape} {dtype.name}")

@@ -1,0 +1,82 @@
+"""Layer 3: what a kernel is made of: the OptOps, the kinds of axes, an Opt, a device's KernelTarget and a staged tile's layout.
+Imports dtype, shape/. The Kernel (codegen/kernel.py) and its docstring say how they fit together.
+"""
+from __future__ import annotations
+from dataclasses import dataclass
+from enum import Enum, auto
+from typing import NamedTuple
+from tinyc.dtype import DType, dtypes
+from tinyc.shape.view import View
+
+class OptOps(Enum):
+  UPCAST = auto()    # unroll a GLOBAL axis by `amount` (0: all of it): register tiling, vectorizable lanes; `axis` counts the GLOBAL axes
+  UNROLL = auto()    # unroll a REDUCE axis by `amount` (0: all of it); `axis` counts the REDUCE axes
+  LOCAL = auto()     # make `amount` of a global axis thread ids inside a work-group (GPUs)
+  GROUP = auto()     # split a reduce axis across `amount` threads of a work-group, neighbouring threads reading neighbouring elements
+  GROUPTOP = auto()  # the same, each thread reading a contiguous run
+  PADTO = auto()     # pad a GLOBAL or REDUCE axis (counted in that order) up to a multiple of `amount` (masked), so other Opts divide it
+  NOLOCALS = auto()  # no LOCAL or GROUP: the runtime picks the work-group size
+  STAGE = auto()     # read input buffer number `axis` (1 is the first input) through local memory, a tile a reduce loop trip
+  TC = auto()        # compute the sum of products on tensor cores; `axis` picks one of tensor_core_choices(), `amount` the tile stages (0: 2)
+
+class AxisKind(Enum):
+  GLOBAL = auto()    # output axis: a loop on a CPU, the work-group id on a GPU
+  LOCAL = auto()     # output axis: a thread id inside the work-group
+  UPCAST = auto()    # output axis: straight-line lanes, an accumulator and a store each
+  GROUP = auto()     # reduce axis: a thread id inside the work-group; the threads' partial results meet in local memory
+  REDUCE = auto()    # reduce axis: a loop
+  UNROLL = auto()    # reduce axis: straight-line lanes, added up in one loop trip
+  WARP = auto()      # output axis: a thread id inside a warp, whose 32 threads compute a tensor-core tile together
+  FRAGMENT = auto()  # output axis: a thread's lanes of a tensor-core tile (an accumulator each, as UPCAST)
+  TC = auto()        # reduce axis: reduced inside one tensor-core instruction (mma), by the warp together
+
+REDUCE_SIDE = (AxisKind.GROUP, AxisKind.REDUCE, AxisKind.UNROLL)
+LANES = (AxisKind.UPCAST, AxisKind.UNROLL, AxisKind.FRAGMENT)
+THREADS = (AxisKind.LOCAL, AxisKind.GROUP, AxisKind.WARP)  # the thread ids of a work-group
+SPLIT_KINDS = {OptOps.UPCAST: AxisKind.UPCAST, OptOps.UNROLL: AxisKind.UNROLL, OptOps.LOCAL: AxisKind.LOCAL, OptOps.GROUP: AxisKind.GROUP,
+               OptOps.GROUPTOP: AxisKind.GROUP}  # the kind of the axis an Opt splits off
+# the layout, outermost first: [GLOBAL | LOCAL | GROUP | WARP | REDUCE | UPCAST, UNROLL, FRAGMENT and TC in the order they were made]
+LAYOUT_RANK = {AxisKind.GLOBAL: 0, AxisKind.LOCAL: 1, AxisKind.GROUP: 2, AxisKind.WARP: 3, AxisKind.REDUCE: 4, AxisKind.UPCAST: 5,
+               AxisKind.UNROLL: 5, AxisKind.FRAGMENT: 5, AxisKind.TC: 5}
+KIND_COLORS = {AxisKind.GLOBAL: "blue", AxisKind.LOCAL: "cyan", AxisKind.UPCAST: "yellow", AxisKind.GROUP: "green",
+               AxisKind.REDUCE: "red", AxisKind.UNROLL: "magenta", AxisKind.WARP: "cyan", AxisKind.FRAGMENT: "yellow", AxisKind.TC: "magenta"}
+TC_DTYPES = (dtypes.float16, dtypes.bfloat16)  # what the tensor cores multiply (mma.sync m16n8k16, fp32 accumulate)
+TC_SHAPE = (16, 8, 16)  # (M, N, K) of one mma
+
+@dataclass(frozen=True)
+class Opt:
+  op: OptOps
+  axis: int
+  amount: int
+  def __repr__(self) -> str: return f"Opt({self.op.name}, {self.axis}, {self.amount})"
+
+class TileLayout(NamedTuple):
+  """A staged buffer's tile in local memory: `view` maps the kernel's full shape to a position (stride 0 along the axes the tile
+  does not span); `size` elements of `dtype`; its axes in the buffer's memory order; for a tensor-core operand, the axis ldmatrix's
+  rows step along (K when the operand is read transposed)."""
+  view: View
+  size: int
+  dtype: DType
+  load_order: list[int]
+  rows: int | None
+
+class KernelOptError(ValueError):
+  """An Opt that does not apply to this kernel; the kernel is left as it was."""
+
+@dataclass(frozen=True)
+class KernelTarget:
+  """What a device offers a kernel: work-groups of threads that share local memory (GPUs) and their limits."""
+  has_local: bool = False
+  max_local_size: int = 1024         # threads in one work-group
+  local_memory_bytes: int = 48 * 1024
+  max_local_dim_sizes: tuple[int, ...] = (1024, 1024, 64)  # threads along each launch dimension (x, y, z)
+  max_upcast: int = 256              # upcast lanes an Opt list may reach (see MAX_UPCAST)
+  tensor_cores: bool = False         # warp-level mma.sync m16n8k16 on 16-bit floats, operands read with ldmatrix (CUDA, sm_80 on)
+
+CPU_TARGET = KernelTarget()
+# Upcast lanes (straight-line code per loop trip) the CPU heuristic uses at most: a safe size. Larger tiles can pay (an AVX-512
+# core has 32 vector registers, a GPU thread up to 255 scalar ones) but cost compile time and can spill, so only BEAM, which
+# measures, and the GPU heuristic for big matmuls (measured there) go beyond it, up to the target's max_upcast.
+MAX_UPCAST = 64
+# A GPU kernel may reach more: the staged matmul's 8x8 tile with 16 reduce elements a trip is 1024 lanes (64 accumulators).
+GPU_MAX_UPCAST = 1024
