@@ -35,12 +35,23 @@ def _strides(kernel: Kernel, number: int) -> tuple[int | None, ...]:
 def _cpu_optimizations(kernel: Kernel, inputs: list[int]) -> None:
   innermost_reduce = kernel.axes(AxisKind.REDUCE)[-1]
   if kernel.full_shape[innermost_reduce] >= 16 and all(_strides(kernel, i)[innermost_reduce] in (0, 1) for i in inputs):
-    # LLVM vectorizes a long contiguous reduce loop by itself: tile two broadcast axes for reuse
-    for _ in range(2): _try_upcast(kernel, _broadcast_axes(kernel, inputs), (4,))
+    # LLVM vectorizes a long contiguous reduce loop by itself: tile two different broadcast axes for reuse (an axis upcast
+    # first keeps its place or, taken whole, goes: the axes before it keep their numbers)
+    if (first := _try_upcast(kernel, _broadcast_axes(kernel, inputs), (4,))) is not None:
+      _try_upcast(kernel, [axis for axis in _broadcast_axes(kernel, inputs) if axis < first], (4,))
     return
   # vectorize across the output's contiguous axis, then reuse each vector load across a tile of an axis it is broadcast along
   contiguous = [axis for axis in kernel.axes(AxisKind.GLOBAL)
                 if _strides(kernel, 0)[axis] == 1 and any(_strides(kernel, i)[axis] == 1 for i in inputs)]
+  if not contiguous:
+    # no input runs along the output: vector loads along an axis that an input walking the reduce with a stride is contiguous
+    # along, as wide as the lanes allow, and no second axis (LLVM's SLP would pack lanes along the stored axis instead)
+    strided = [i for i in inputs if _strides(kernel, i)[innermost_reduce] not in (0, 1)]
+    along = [axis for axis in kernel.axes(AxisKind.GLOBAL) if any(_strides(kernel, i)[axis] == 1 for i in strided)]
+    most = min(MAX_UPCAST, kernel.target.max_upcast)
+    if (axis := _try_upcast(kernel, along, tuple(a for a in (64, 32, 16, 8, 4) if a <= most))) is not None and kernel.full_shape[axis] > 1:
+      _try_upcast(kernel, [axis], tuple(range(most // kernel.upcast_size, 1, -1)))  # the rest of the lanes (1000 rows: 8, then 5)
+    return
   if _try_upcast(kernel, contiguous, (16, 8, 4, 0)) is None: return
   vector_loaded = [i for i in inputs if _strides(kernel, i)[-1] == 1]
   lanes_left = min(MAX_UPCAST, kernel.target.max_upcast) // kernel.upcast_size
