@@ -3,11 +3,14 @@
   python bench/bench_core.py            # the issue's sizes (16M elements, softmax 4096x4096, matmul 512/1024)
   python bench/bench_core.py --quick    # small sizes, for a smoke run
 
+The matmul layout table multiplies square float32 arrays in each layout: N a contiguous array, T a transposed view of one
+(`a.T @ b.T` is TT), at 1024 and 1000 (a power of two and not).
+
 Throughput ratios are tinyc / reference (higher is better for tinyc). Overheads are absolute times.
 """
 from __future__ import annotations
 import argparse, itertools, statistics, time
-from typing import Callable
+from typing import Any, Callable
 import numpy as np
 from tinyc import Tensor, Device
 
@@ -34,6 +37,10 @@ def row(name: str, unit: str, work: float, ours: float, numpy_s: float | None, t
   ratio = lambda seconds: f"{seconds / ours:6.2f}x" if seconds else "      -"  # noqa: E731
   first = first_call_s[-1]
   return f"{name:28s} {rate(ours)} {rate(numpy_s)} {rate(torch_s)} {unit:7s}  {ratio(numpy_s)}  {ratio(torch_s)}   first call {first:6.2f} s"
+
+def view(array: Any, letter: str) -> Any:
+  """`array` (tinyc, numpy or torch) in a matmul layout's letter: T a transposed view, N as it is."""
+  return array.T if letter == "T" and array is not None else array
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -74,6 +81,17 @@ def main() -> None:
     repeats = 3 if size >= 1024 else args.repeats
     print(row(f"matmul {size} f32", "GFLOP/s", 2 * size ** 3, median_seconds(lambda: (t1 @ t2).realize(), repeats),
               median_seconds(lambda: m1 @ m2, repeats, tinyc=False), median_seconds(lambda: p1 @ p2, repeats, tinyc=False) if torch else None))
+
+  print("\nmatmul layouts (N: contiguous, T: a transposed view)")
+  for size in (64, 100) if args.quick else (1024, 1000):
+    m1, m2 = rng.standard_normal((size, size), dtype=np.float32), rng.standard_normal((size, size), dtype=np.float32)
+    t1, t2 = Tensor(m1).realize(), Tensor(m2).realize()
+    p1, p2 = (torch.from_numpy(m1), torch.from_numpy(m2)) if torch else (None, None)
+    for layout in ("NN", "NT", "TN", "TT"):
+      (l1, l2), (n1, n2), (q1, q2) = ((view(x, layout[0]), view(y, layout[1])) for x, y in ((t1, t2), (m1, m2), (p1, p2)))
+      repeats = 3 if size >= 1000 else args.repeats
+      print(row(f"matmul {layout} {size} f32", "GFLOP/s", 2 * size ** 3, median_seconds(lambda: (l1 @ l2).realize(), repeats),
+                median_seconds(lambda: n1 @ n2, repeats, tinyc=False), median_seconds(lambda: q1 @ q2, repeats, tinyc=False) if torch else None))
 
   small = Tensor(rng.standard_normal((4, 4), dtype=np.float32)).realize()
   warm = median_seconds(lambda: ((small + 1) * 2).realize(), 201)

@@ -335,6 +335,33 @@ def test_heuristic_on_a_cpu_upcasts_a_matmul_without_locals():
   kernel, ops = heuristic(Tensor.empty(512, 512) @ Tensor.empty(512, 512), KernelTarget())
   assert ops and set(ops) == {OptOps.UPCAST} and not kernel.axes(L, GR) and kernel.upcast_size > 1
 
+def layouts(size: int) -> dict[str, tuple[Tensor, Tensor]]:
+  """The four layouts of a square matmul's inputs: each contiguous (N) or a transposed view of a contiguous array (T)."""
+  a, b = Tensor.empty(size, size), Tensor.empty(size, size)
+  return {"NN": (a, b), "NT": (a, b.T), "TN": (a.T, b), "TT": (a.T, b.T)}
+
+def test_heuristic_on_a_cpu_tiles_two_different_axes_when_llvm_vectorizes_the_reduce():
+  a, b = layouts(64)["NT"]  # every input contiguous along the reduce: LLVM vectorizes it, the heuristic tiles rows and columns
+  kernel, ops = heuristic(a @ b, KernelTarget())
+  assert ops == [OptOps.UPCAST, OptOps.UPCAST] and kernel.full_shape[:2] == (16, 16) and kernel.size_of(U) == 16, kernel.full_shape
+
+@pytest.mark.parametrize("size, lanes", [(1024, (64,)), (1000, (8, 5)), (40, (8, 5))])
+def test_heuristic_on_a_cpu_vectorizes_along_an_input_when_none_runs_along_the_output(size, lanes):
+  a, b = layouts(size)["TT"]  # a.T is contiguous along the rows, b.T along the reduce, the output along the columns
+  kernel, _ = heuristic(a @ b, KernelTarget())
+  assert kernel.full_shape[-len(lanes):] == lanes and kernel.size_of(U) == prod(lanes), kernel.full_shape
+  assert strides(kernel, 1)[-len(lanes)] == 1, "the first lanes are neighbours in a.T: LLVM loads them as one vector"
+
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
+def test_the_cpu_heuristics_opts_for_each_matmul_layout_match_numpy(layout, tinyc_device):
+  (a, ta), (b, tb) = realized(40, 40, seed=7), realized(40, 40, seed=8)  # 40: lanes of 8 and 5, no 16
+  transpose = {"N": lambda x: x, "T": lambda x: x.T}
+  left, right = (transpose[letter] for letter in layout)
+  out = left(ta) @ right(tb)
+  opts = hand_coded_optimizations(Kernel(the_ast(out), KernelTarget()))
+  assert opts, f"{layout}: the CPU heuristic should tile this matmul"
+  np.testing.assert_allclose(run_with_opts(out, opts), left(a) @ right(b), rtol=1e-4, atol=1e-4)
+
 # ---- 5. a long reduce into few outputs runs as two kernels ----
 
 def test_sum_of_a_million_is_two_kernels(tinyc_device):

@@ -4,8 +4,15 @@ codegen/kernel.
 CPUs. Measured on this project's CPUs (AVX-512, matmul 512, one core): the naive loop nest runs at 1.5 GFLOP/s when the reduce
 walks a buffer with a stride (a @ b) and 57 GFLOP/s when every buffer is contiguous along it (a @ b.T: LLVM vectorizes
 the reduce loop). Upcasting the output's contiguous axis by 16 and a broadcast axis by 4 lifts a @ b to 79 GFLOP/s (the
-16 lanes become vector FMAs, each load of the other operand is reused 16 times); a 4x4 tile of broadcast axes lifts
-a @ b.T to 180 GFLOP/s.
+16 lanes become vector FMAs, each load of the other operand is reused 16 times); a 4x4 tile of two broadcast axes lifts
+a @ b.T to 180 GFLOP/s (on a 2-core Zen 4 guest, one thread against numpy's one, at 1024: 93 GFLOP/s, 0.94x numpy, where
+16 lanes of one axis ran 28, 0.29x).
+Where no input is contiguous along the output's contiguous axis and an input walks the reduce with a stride (a.T @ b.T), the
+lanes go along an axis that input is contiguous along, as many as fit (64 at 1024; 8 x 5 at 1000), and along no second axis:
+LLVM's SLP vectorizer packs lanes by the stores they reach, so a tile whose other axis is the stored one turns into scalar
+multiplies (a 16 x 4 tile: 0.11x numpy at 1024, one thread). At 1024 a.T @ b.T went from 0.9 GFLOP/s (0.01x) to 24 (0.26x; two
+threads 0.3-0.4x); what is left is each column's pass over a 64-float strip of a.T, strided by 4 KB (the rows of a power of
+two alias in the caches), which a tile over several columns would share.
 
 GPUs (the kernel's target has work-groups). A thread per output with a serial loop leaves most of the GPU idle when outputs
 are few, and walks memory uncoalesced when each thread reads its own row: a long reduce into fewer outputs than the GPU has
@@ -35,12 +42,23 @@ def _strides(kernel: Kernel, number: int) -> tuple[int | None, ...]:
 def _cpu_optimizations(kernel: Kernel, inputs: list[int]) -> None:
   innermost_reduce = kernel.axes(AxisKind.REDUCE)[-1]
   if kernel.full_shape[innermost_reduce] >= 16 and all(_strides(kernel, i)[innermost_reduce] in (0, 1) for i in inputs):
-    # LLVM vectorizes a long contiguous reduce loop by itself: tile two broadcast axes for reuse
-    for _ in range(2): _try_upcast(kernel, _broadcast_axes(kernel, inputs), (4,))
+    # LLVM vectorizes a long contiguous reduce loop by itself: tile two different broadcast axes for reuse (an axis upcast
+    # first keeps its place or, taken whole, goes: the axes before it keep their numbers)
+    if (first := _try_upcast(kernel, _broadcast_axes(kernel, inputs), (4,))) is not None:
+      _try_upcast(kernel, [axis for axis in _broadcast_axes(kernel, inputs) if axis < first], (4,))
     return
   # vectorize across the output's contiguous axis, then reuse each vector load across a tile of an axis it is broadcast along
   contiguous = [axis for axis in kernel.axes(AxisKind.GLOBAL)
                 if _strides(kernel, 0)[axis] == 1 and any(_strides(kernel, i)[axis] == 1 for i in inputs)]
+  if not contiguous:
+    # no input runs along the output: vector loads along an axis that an input walking the reduce with a stride is contiguous
+    # along, as wide as the lanes allow, and no second axis (LLVM's SLP would pack lanes along the stored axis instead)
+    strided = [i for i in inputs if _strides(kernel, i)[innermost_reduce] not in (0, 1)]
+    along = [axis for axis in kernel.axes(AxisKind.GLOBAL) if any(_strides(kernel, i)[axis] == 1 for i in strided)]
+    most = min(MAX_UPCAST, kernel.target.max_upcast)
+    if (axis := _try_upcast(kernel, along, tuple(a for a in (64, 32, 16, 8, 4) if a <= most))) is not None and kernel.full_shape[axis] > 1:
+      _try_upcast(kernel, [axis], tuple(range(most // kernel.upcast_size, 1, -1)))  # the rest of the lanes (1000 rows: 8, then 5)
+    return
   if _try_upcast(kernel, contiguous, (16, 8, 4, 0)) is None: return
   vector_loaded = [i for i in inputs if _strides(kernel, i)[-1] == 1]
   lanes_left = min(MAX_UPCAST, kernel.target.max_upcast) // kernel.upcast_size
