@@ -68,8 +68,8 @@ def test_illegal_tc_opts_raise_and_leave_the_kernel_alone(why, target, shape, dt
 def test_the_heuristic_pads_odd_sizes_onto_tensor_cores():
   kernel = kernel_of(1000, 1000, 1000)
   opts = hand_coded_optimizations(kernel)
-  assert [opt.op for opt in opts[:4]] == [OptOps.PADTO, OptOps.PADTO, OptOps.PADTO, OptOps.TC]  # M, N and K to 1008
-  assert kernel.full_shape[kernel.axes(AxisKind.REDUCE)[0]] == 1008 // 16
+  assert opts[:4] == [Opt(OptOps.PADTO, 0, 128), Opt(OptOps.PADTO, 1, 128), Opt(OptOps.PADTO, 2, 32), Opt(OptOps.TC, 0, 3)]  # to 1024
+  assert kernel.full_shape[kernel.axes(AxisKind.REDUCE)[0]] * 16 * 2 == 1024 and kernel.local_size == 4 * 32  # 2 x 2 warps
 
 # Opt lists that reach each part of the TC code: 2 or more tile stages, B read two mma tiles at once (along the unroll or an
 # upcast), warps side by side (LOCAL), and padding with masked copies

@@ -146,16 +146,18 @@ def _stage_big_matmul(kernel: Kernel, axes: list[int], inputs: list[int]) -> boo
   return True
 
 def _tensor_core_plan(kernel: Kernel) -> bool:
-  """A sum of products of 16-bit floats on tensor cores, if TC applies (after padding M, N and K to multiples of 16 where they are
-  not): 2 x 2 warps, each computing 64 x 64 outputs (4 x 8 mma tiles), 32 elements of the reduce a loop trip, 3 tile stages (2
+  """A sum of products of 16-bit floats on tensor cores, if TC applies (after padding M and N to multiples of 128, 64 or 16 and
+  K of 32 or 16, where that wastes at most a third): 2 x 2 warps, each computing 64 x 64 outputs (4 x 8 mma tiles), 32 elements of the reduce a loop trip, 3 tile stages (2
   where local memory is short); smaller tiles where an axis is short. Measured on the H200 at 4096 (fp16, cuBLAS about 700
   TFLOP/s): 300-320 TFLOP/s in every layout, against 260-285 with 2 stages, 250 with 64 elements a trip, 230-245 with 8 warps
   of 32 x 64 or 64 x 32 outputs, and 38 for the best plan without tensor cores."""
-  if not kernel.tensor_core_operands(): return False
+  if not (operands := kernel.tensor_core_operands()): return False
   trial = kernel.copy()
-  if not trial.tensor_core_choices():
-    for position, axis in enumerate(trial.axes(AxisKind.GLOBAL) + trial.axes(AxisKind.REDUCE)):
-      if trial.full_shape[axis] % 16: _try(trial, Opt(OptOps.PADTO, position, 16))
+  for position, axis in enumerate(trial.axes(AxisKind.GLOBAL) + trial.axes(AxisKind.REDUCE)):  # PADTO counts GLOBAL, then REDUCE axes
+    spanned_by = sum(not trial.broadcast_along(number, axis) for number in operands)
+    multiples = (32, 16) if trial.kinds[axis] is AxisKind.REDUCE and spanned_by == 2 else (128, 64, 16) if spanned_by == 1 else ()
+    if multiples and trial.full_shape[axis] % multiples[0]:  # M and N to whole work-group tiles where that wastes little, K to trips
+      any(_try(trial, Opt(OptOps.PADTO, position, amount)) for amount in multiples if trial.full_shape[axis] % amount)
   if not (choices := trial.tensor_core_choices()): return False
   m, n, k = choices[0]
   m_at, n_at, k_at = trial.axes(AxisKind.GLOBAL).index(m), trial.axes(AxisKind.GLOBAL).index(n), trial.axes(AxisKind.REDUCE).index(k)
