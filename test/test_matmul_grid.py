@@ -115,9 +115,10 @@ BATCHED = {  # name: shapes of a and b before the layout's transposes
   "4d": ((2, 3, 7, 127), (2, 3, 127, 9)), "4d_broadcast": ((2, 1, 7, 33), (1, 3, 33, 127)),
 }
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=str)
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("name", BATCHED)
+# every (batch shape, layout) pair, with the dtypes rotated so that each batch shape and each layout also meets every dtype
+BATCHED_CASES = [(name, layout, FLOATS[(i + j) % len(FLOATS)]) for i, name in enumerate(BATCHED) for j, layout in enumerate(LAYOUTS)]
+
+@pytest.mark.parametrize("name, layout, dtype", BATCHED_CASES, ids=[f"{name}-{layout}-{dtype.name}" for name, layout, dtype in BATCHED_CASES])
 def test_matmul_batched_grad(name, layout, dtype):
   fn = matmul_in(layout)
   check_bilinear(operand_shapes(*BATCHED[name], layout), fn, fn, dtype)
