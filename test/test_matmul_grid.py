@@ -42,12 +42,10 @@ def matmul_in(layout: str) -> Callable[[Any, Any], Any]:
 def operand_shapes(a_shape: tuple[int, ...], b_shape: tuple[int, ...], layout: str) -> list[tuple[int, ...]]:
   return [stored(a_shape, layout[0] == "T"), stored(b_shape, layout[1] == "T")]
 
+def rounded(values: np.ndarray, dtype: DType) -> np.ndarray: return torch.from_numpy(values).to(TORCH_DTYPE[dtype]).to(torch.float64).numpy()
 def representable(shape: tuple[int, ...], dtype: DType, seed: int) -> np.ndarray:
   """Uniform values in [-1, 1) rounded to dtype, as float64: both sides start from exactly these numbers."""
-  values = torch.from_numpy(np.random.default_rng(seed).uniform(-1, 1, size=shape))
-  return values.to(TORCH_DTYPE[dtype]).to(torch.float64).numpy()
-
-def rounded(values: np.ndarray, dtype: DType) -> np.ndarray: return torch.from_numpy(values).to(TORCH_DTYPE[dtype]).to(torch.float64).numpy()
+  return rounded(np.random.default_rng(seed).uniform(-1, 1, size=shape), dtype)
 
 def assert_within_bound(what: str, got: Tensor, exact: np.ndarray, magnitude: np.ndarray, terms: np.ndarray, dtype: DType) -> None:
   """got (a tinyc tensor of dtype) against the float64 `exact`, within the accumulate-in-float32, round-once bound above."""
@@ -72,8 +70,7 @@ def check_bilinear(shapes: list[tuple[int, ...]], torch_fn: Callable[..., Any], 
     out = torch_fn(*leaves)
     (out * torch.from_numpy(upstream if upstream is not None else np.ones(out.shape))).sum().backward()
     return (out.detach().numpy(), *[leaf.grad.numpy() for leaf in leaves])  # type: ignore[union-attr]
-  out_shape = torch_fn(*[torch.from_numpy(x) for x in arrays]).shape
-  upstream = representable(tuple(out_shape), dtype, seed + 100)
+  upstream = representable(tuple(torch_fn(*[torch.empty(x.shape, device="meta") for x in arrays]).shape), dtype, seed + 100)
   exact = torch_run(arrays, upstream)
   magnitude = torch_run([np.abs(x) for x in arrays], np.abs(upstream))
   terms = torch_run([np.ones_like(x) for x in arrays], None)
