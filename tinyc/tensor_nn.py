@@ -4,7 +4,7 @@ compositions of primitive ops, so they fuse and differentiate for free. Imports 
 from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
-from tinyc.dtype import dtypes, least_upper_dtype
+from tinyc.dtype import DType, dtypes, least_upper_dtype
 from tinyc.helpers import flatten
 
 def _pair(value: int | Sequence[int], count: int = 2) -> tuple[int, ...]:
@@ -33,10 +33,10 @@ class NNMixin:
     if any(a != b and 1 not in (a, b) for a, b in zip(x_batch, w_batch)):
       raise RuntimeError(f"matmul: the batch dims of {self.shape} and {w_shape} do not broadcast")
     dtype = least_upper_dtype(x.dtype, w.dtype)
-    x, w = x.cast(dtype), w.cast(dtype)
+    x, w = x.cast(_exact_products(dtype)), w.cast(_exact_products(dtype))
     # (..., n, 1, k) * (..., 1, m, k) summed over k: the multiply fuses into the reduce, one kernel
     product = x.reshape(*x.shape[:-1], 1, x.shape[-1]) * w.transpose(-1, -2).reshape(*w.shape[:-2], 1, w.shape[-1], w.shape[-2])
-    result = product.sum(-1)
+    result = product.sum(-1).cast(dtype)
     if w_vec: result = result.reshape(result.shape[:-1])
     if x_vec: result = result.reshape(result.shape[:-2] + result.shape[-1:]) if not w_vec else result.reshape(result.shape[:-1])
     return result
@@ -62,13 +62,15 @@ class NNMixin:
     if isinstance(padding, int): pads = [padding] * (2 * len(kernel))
     elif len(padding) == 2 * len(kernel): pads = list(padding)
     else: pads = [p for p in padding[::-1] for _ in range(2)]
+    dtype = least_upper_dtype(x.dtype, weight.dtype)
+    x, weight = x.cast(_exact_products(dtype)), weight.cast(_exact_products(dtype))
     windows = x.pad2d(pads)._pool(kernel, stride, dilation)  # (batch, cin_total, *out, *kernel)
     out_dims, per_group = windows.shape[2:-len(kernel)], cout // groups
     nd = len(out_dims)
     windows = windows.reshape(batch, groups, cin, 1, *out_dims, *kernel).expand(batch, groups, cin, per_group, *out_dims, *kernel)
     windows = windows.permute(0, 1, 3, *[4 + i for i in range(nd)], 2, *[4 + nd + i for i in range(len(kernel))])
     product = windows * weight.reshape(1, groups, per_group, *[1] * nd, cin, *kernel)
-    result = product.sum(tuple(-1 - i for i in range(1 + len(kernel))), keepdim=True).reshape(batch, cout, *out_dims)
+    result = product.sum(tuple(-1 - i for i in range(1 + len(kernel))), keepdim=True).reshape(batch, cout, *out_dims).cast(dtype)
     return result if bias is None else result + bias.reshape(1, -1, *[1] * nd)
 
   def conv_transpose2d(self: Any, weight: Any, bias: Any | None = None, groups: int = 1, stride: int | Sequence[int] = 1,
@@ -188,3 +190,8 @@ class NNMixin:
     scaled = self * beta  # maximum (not relu) splits its gradient at 0, which makes the slope there sigmoid(0) = 1/2
     return (scaled.maximum(0) + (-scaled.abs()).exp().add(1).log()) * (1 / beta)
   def softsign(self: Any) -> Any: return self / (1 + self.abs())
+
+def _exact_products(dtype: DType) -> DType:
+  """What a matmul or convolution multiplies in: float32 for 16-bit floats, as PyTorch and the tensor cores do (their products are
+  exact there; an LLVM kernel would round each one to 16 bits), and the sums of those products stay float32 up to the result."""
+  return dtypes.float32 if dtype in (dtypes.float16, dtypes.bfloat16) else dtype

@@ -78,6 +78,7 @@ def _try_upcast(kernel: Kernel, axes: list[int], amounts: tuple[int, ...]) -> in
   return None
 
 GPU_THREADS = 1 << 18  # threads that keep an H200 busy (132 SMs x 2048)
+STAGED_MIN_REDUCE = 1024  # products per output from which a matmul (both axes >= 256) gets the staged plan
 
 def _gpu_optimizations(kernel: Kernel, inputs: list[int]) -> None:
   outputs = kernel.size_of(AxisKind.GLOBAL, AxisKind.LOCAL)
@@ -106,7 +107,7 @@ def _gpu_optimizations(kernel: Kernel, inputs: list[int]) -> None:
   # for 4x4 tiles in 16x16 work-groups).
   def reuse(axis: int) -> int: return sum(kernel.sts[i].real_size() for i in inputs if _strides(kernel, i)[axis] == 0)
   candidates = [axis for axis in _broadcast_axes(kernel, inputs) if kernel.full_shape[axis] >= 16]
-  big = reduce_size >= 1024 and len(candidates) >= 2 and all(kernel.full_shape[axis] >= 256 for axis in candidates)
+  big = reduce_size >= STAGED_MIN_REDUCE and len(candidates) >= 2 and all(kernel.full_shape[axis] >= 256 for axis in candidates)
   if big and len(candidates) == 2 and _stage_big_matmul(kernel, candidates, inputs): return
   tiled: list[int] = []
   for _ in range(2):
@@ -139,6 +140,9 @@ def _stage_big_matmul(kernel: Kernel, axes: list[int], inputs: list[int]) -> boo
   plan = [Opt(OptOps.UPCAST, cols, 4), Opt(OptOps.UPCAST, rows, 4), Opt(OptOps.LOCAL, rows, 8), Opt(OptOps.LOCAL, cols, 16),
           Opt(OptOps.UPCAST, rows, 2), Opt(OptOps.UPCAST, cols, 2)]
   trial = kernel.copy()
+  paddable = trial.axes(AxisKind.GLOBAL) + trial.axes(AxisKind.REDUCE)  # as PADTO counts them
+  for axis, multiple in ((rows, 64), (cols, 128), (trial.axes(AxisKind.REDUCE)[last_reduce], 16)):  # whole tiles, the edges masked
+    if trial.full_shape[axis] % multiple: _try(trial, Opt(OptOps.PADTO, paddable.index(axis), multiple))
   if not all(_try(trial, opt) for opt in plan): return False
   if not any(_try(trial, Opt(OptOps.UNROLL, last_reduce, amount)) for amount in (16, 8, 4)): return False
   if not all(_try(trial, Opt(OptOps.STAGE, i, 0)) for i in inputs): return False
@@ -147,10 +151,10 @@ def _stage_big_matmul(kernel: Kernel, axes: list[int], inputs: list[int]) -> boo
 
 def _tensor_core_plan(kernel: Kernel) -> bool:
   """A sum of products of 16-bit floats on tensor cores, if TC applies (after padding M and N to multiples of 128, 64 or 16 and
-  K of 32 or 16, where that wastes at most a third): 2 x 2 warps, each computing 64 x 64 outputs (4 x 8 mma tiles), 32 elements of the reduce a loop trip, 3 tile stages (2
-  where local memory is short); smaller tiles where an axis is short. Measured on the H200 at 4096 (fp16, cuBLAS about 700
-  TFLOP/s): 300-320 TFLOP/s in every layout, against 260-285 with 2 stages, 250 with 64 elements a trip, 230-245 with 8 warps
-  of 32 x 64 or 64 x 32 outputs, and 38 for the best plan without tensor cores."""
+  K of 32 or 16, where that wastes at most a third): 2 x 2 warps, each computing 64 x 64 outputs (4 x 8 mma tiles), 32 elements
+  of the reduce a loop trip, 3 tile stages (2 where local memory is short); smaller tiles where an axis is short. Measured on
+  the H200 at 4096 (fp16, cuBLAS about 700 TFLOP/s): 300-320 TFLOP/s in every layout, against 260-285 with 2 stages, 250 with
+  64 elements a trip, 230-245 with 8 warps of 32 x 64 or 64 x 32 outputs, and 38 for the best plan without tensor cores."""
   if not (operands := kernel.tensor_core_operands()): return False
   trial = kernel.copy()
   for position, axis in enumerate(trial.axes(AxisKind.GLOBAL) + trial.axes(AxisKind.REDUCE)):  # PADTO counts GLOBAL, then REDUCE axes

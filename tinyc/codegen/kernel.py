@@ -108,11 +108,9 @@ class Kernel:
     return partials + sum(self.tile_stages * layout.size * layout.dtype.itemsize for layout in map(self.tile_layout, self.staged))
 
   def tile_axes(self, number: int) -> list[int]:
-    """The thread and lane axes along which buffer `number` moves (or is masked, but for a tensor-core operand padded along with the
-    output: see broadcast_along): its tile of one reduce loop trip spans them."""
-    strides, tensor_cores = self.sts[number].real_strides(), bool(self.axes(AxisKind.TC))
-    return [axis for axis in self.axes(AxisKind.LOCAL, AxisKind.WARP, *LANES, AxisKind.TC)
-            if not (self.broadcast_along(number, axis) if tensor_cores else strides[axis] == 0)]
+    """The thread and lane axes along which buffer `number` moves (or is masked, but not as PADTO masks it along with the output:
+    see broadcast_along): its tile of one reduce loop trip spans them."""
+    return [axis for axis in self.axes(AxisKind.LOCAL, AxisKind.WARP, *LANES, AxisKind.TC) if not self.broadcast_along(number, axis)]
 
   def broadcast_along(self, number: int, axis: int) -> bool:
     """Whether buffer `number` has one value all along `axis` wherever the output is stored: stride 0, and masked there only as the

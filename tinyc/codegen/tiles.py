@@ -43,6 +43,7 @@ def load_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], 
   local_axes, spread_axes = kernel.axes(AxisKind.LOCAL), kernel.axes(AxisKind.LOCAL, *LANES)  # the tile spreads over these
   thread = flatten_node([bound[axis] for axis in local_axes], [kernel.full_shape[axis] for axis in local_axes])
   for tile in ctx.tiles.values():
+    at = placed | {axis: NumNode(0) for axis in range(kernel.shape_len) if kernel.broadcast_along(tile.number, axis)}
     inner, outer_axes = tile.layout.load_order[-1], tile.layout.load_order[:-1]
     fits = kernel.full_shape[inner] % VECTOR_WIDTH == 0 and tile.layout.size % (VECTOR_WIDTH * kernel.local_size) == 0
     width = VECTOR_WIDTH if fits else 1
@@ -53,7 +54,7 @@ def load_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], 
       coords = dict(zip(outer_axes, unflatten_node(run // runs_per_row, tuple(kernel.full_shape[axis] for axis in outer_axes))))
       for lane in range(width):
         coords[inner] = (run % runs_per_row) * width + lane
-        lanes.append([coords.get(axis, NumNode(0)) if axis in spread_axes else placed.get(axis, NumNode(0)) for axis in range(kernel.shape_len)])
+        lanes.append([coords.get(axis, NumNode(0)) if axis in spread_axes else at.get(axis, NumNode(0)) for axis in range(kernel.shape_len)])
         gates.append(run < runs)
     buf, st = cast(MemBuffer, kernel.bufs[tile.number]), kernel.sts[tile.number]  # STAGE takes only inputs
     memory, sizes = ctx.globals[buf.idx], [len(lanes) // width, width]

@@ -234,9 +234,11 @@ def create_lt_node(lhs: Node, b: Node | int) -> Node:
     b -= sum(node.min for node in constants)
     lhs = Node.sum(terms)
     if isinstance(lhs, SumNode):
-      # g*K + r < b with b and every mul coefficient divisible by g, and 0 <= r < g, is exactly K < b//g
+      # g*K + r < b with b and every mul coefficient divisible by g, and 0 <= r < g, is exactly K < b//g; g*K < b alone is K < ceil(b/g)
       muls, others = partition(lhs.nodes, lambda node: isinstance(node, MulNode) and isinstance(node.b, int) and node.b > 0)
-      if muls:
+      if muls and not others and (common := functools.reduce(math.gcd, [node.b for node in muls])) > 1:  # type: ignore[attr-defined]
+        lhs, b = Node.sum([node // common for node in muls]), -(-b // common)
+      elif muls:
         common = functools.reduce(math.gcd, [node.b for node in muls], b)  # type: ignore[attr-defined]
         if common > 1 and (rest := Node.sum(others)).min >= 0 and rest.max < common:
           lhs, b = Node.sum([node // common for node in muls]), b // common
