@@ -52,8 +52,9 @@ class Opt:
 
 class TileLayout(NamedTuple):
   """A staged buffer's tile in local memory: `view` maps the kernel's full shape to a position (stride 0 along the axes the tile
-  does not span); `size` elements of `dtype`; its axes in the buffer's memory order; for a tensor-core operand, the axis ldmatrix's
-  rows step along (K when the operand is read transposed)."""
+  does not span); `size` elements of `dtype`, padding included; its axes in the buffer's memory order; `rows`: the axis whose
+  stride is padded to an odd number of 16 bytes (of a tensor-core operand, the axis ldmatrix's rows step along: K when it is read
+  transposed), or None."""
   view: View
   size: int
   dtype: DType

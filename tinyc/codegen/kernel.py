@@ -143,7 +143,10 @@ class Kernel:
       if stride(tc) > stride(outer[-1]): order, rows = unrolled + [tc] + others + outer, tc  # K is not contiguous: ldmatrix .trans
       else: order, rows = others + outer + unrolled + [tc], outer[-1]
       dtype = dtypes.uint16  # the values' bits, moved and read as they are
-    elif dtype in TC_DTYPES: dtype = dtypes.float32  # 16-bit floats are floats in registers, and in these tiles
+    else:
+      dtype = dtypes.float32 if dtype in TC_DTYPES else dtype  # 16-bit floats are floats in registers, and in these tiles
+      # a buffer contiguous along the unrolled axis is copied across the tile's rows: pad them, so a thread's 4 stores hit 4 banks
+      rows = unrolled[-1] if unrolled and load_order[-1] == unrolled[-1] else None
     layout_strides, size = {}, 1
     for axis in reversed(order):
       if axis == rows and (size * dtype.itemsize // 16) % 2 == 0: size += 16 // dtype.itemsize

@@ -45,9 +45,10 @@ def load_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], 
   for tile in ctx.tiles.values():
     at = placed | {axis: NumNode(0) for axis in range(kernel.shape_len) if kernel.broadcast_along(tile.number, axis)}
     inner, outer_axes = tile.layout.load_order[-1], tile.layout.load_order[:-1]
-    fits = kernel.full_shape[inner] % VECTOR_WIDTH == 0 and tile.layout.size % (VECTOR_WIDTH * kernel.local_size) == 0
+    elements = prod(kernel.full_shape[axis] for axis in tile.layout.load_order)
+    fits = kernel.full_shape[inner] % VECTOR_WIDTH == 0 and elements % (VECTOR_WIDTH * kernel.local_size) == 0
     width = VECTOR_WIDTH if fits else 1
-    runs, runs_per_row = prod(kernel.full_shape[axis] for axis in tile.layout.load_order) // width, kernel.full_shape[inner] // width
+    runs, runs_per_row = elements // width, kernel.full_shape[inner] // width
     lanes, gates = [], []
     for turn in range(-(-runs // kernel.local_size)):
       run = thread + turn * kernel.local_size
