@@ -312,8 +312,15 @@ def test_heuristic_stages_a_large_matmul_on_a_gpu():
   kernel, ops = heuristic(big, KernelTarget(has_local=True, local_memory_bytes=4096))
   assert ops.count(OptOps.UPCAST) == 2 and ops.count(OptOps.UNROLL) == 1 and ops.count(OptOps.LOCAL) == 2, ops
   assert kernel.upcast_size == 256 and kernel.size_of(U) == 64 and kernel.local_size == 32 and not kernel.staged
-  kernel, ops = heuristic(Tensor.empty(512, 512) @ Tensor.empty(512, 512))  # smaller: 4x4 tiles, 16x16 work-groups
+  kernel, ops = heuristic(Tensor.empty(512, 64) @ Tensor.empty(64, 512))  # too short a reduce to stage: 4x4 tiles, 16x16 work-groups
   assert kernel.upcast_size == 64 and kernel.size_of(U) == 16 and kernel.local_size == 256 and len(kernel.axes(G)) == 2
+
+def test_heuristic_stages_a_matmul_from_128_products_an_output():
+  for k, staged in ((128, (1, 2)), (64, ())):
+    kernel, _ = heuristic(Tensor.empty(8, 512, k) @ Tensor.empty(8, k, 256), KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST))
+    assert kernel.staged == staged, k  # batched attention scores, a weight of width 512: (32, 1024, 128) x (32, 128, 1024) is staged
+  kernel, ops = heuristic(Tensor.empty(3000, 3000) @ Tensor.empty(3000, 3000), KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST))
+  assert ops[:3] == [OptOps.PADTO] * 3 and kernel.staged == (1, 2) and kernel.full_shape[0] * 64 == 3008  # rows to whole 64-row tiles
 
 def test_heuristic_groups_a_long_row_sum_on_a_gpu():
   kernel, ops = heuristic(Tensor.empty(64, 4096).sum(1))

@@ -23,10 +23,11 @@ SGEMM = [Opt(U, 1, 4), Opt(U, 0, 4), Opt(L, 0, 8), Opt(L, 1, 16), Opt(U, 0, 2), 
 
 def test_stage_keeps_two_tiles_of_each_input_in_local_memory():
   kernel = optimized(matmul_64(), TILED_64 + [Opt(S, 1, 0)])
-  # a's tile: 4 rows of threads x 4 row lanes x 4 reduce elements; b's is not staged
-  assert kernel.staged == (1,) and kernel.local_memory_bytes == 2 * 64 * 4
+  # a's tile: 4 rows of threads x 4 row lanes x 4 reduce elements, each of the 4 rows of 16 padded to 20 floats (a is contiguous
+  # along the reduce, so a thread copies 4 floats down a column: 80-byte rows put them in 4 banks); b's is not staged
+  assert kernel.staged == (1,) and kernel.local_memory_bytes == 2 * 4 * 20 * 4
   kernel.apply_opt(Opt(S, 2, 0))
-  assert kernel.staged == (1, 2) and kernel.local_memory_bytes == 2 * (2 * 64 * 4)
+  assert kernel.staged == (1, 2) and kernel.local_memory_bytes == 2 * 4 * 20 * 4 + 2 * 64 * 4
 
 def read_after_the_reduce() -> Tensor: return Tensor.empty(64, 64) @ Tensor.empty(64, 64) + Tensor.empty(64, 64)
 
@@ -61,8 +62,8 @@ def test_a_constant_is_not_staged():
 def test_staged_tiles_render_local_memory_one_barrier_a_trip_and_vector_reads():
   cuda, opencl = sources(optimized(matmul_64(), TILED_64 + [Opt(S, 1, 0), Opt(S, 2, 0)]))
   # 16-byte aligned, for the vector reads (a shared array of float is only 4-byte aligned: misaligned address on the H200)
-  assert "__shared__ float tile1[128] __attribute__((aligned(16)));" in cuda and "__shared__ float tile2[128] __attribute__((aligned(16)));" in cuda
-  assert "__local float tile1[128] __attribute__((aligned(16)));" in opencl and "__local float tile2[128] __attribute__((aligned(16)));" in opencl
+  assert "__shared__ float tile1[160] __attribute__((aligned(16)));" in cuda and "__shared__ float tile2[128] __attribute__((aligned(16)));" in cuda
+  assert "__local float tile1[160] __attribute__((aligned(16)));" in opencl and "__local float tile2[128] __attribute__((aligned(16)));" in opencl
   # the first tiles before the loop, then one barrier a trip: the next trip's tiles go to the other half
   assert cuda.count("__syncthreads();") == 2 and opencl.count("barrier(CLK_LOCAL_MEM_FENCE);") == 2
   loop = cuda[cuda.index("for (int ridx"):]
