@@ -339,12 +339,12 @@ def test_heuristic_with_noopt_applies_nothing():
     assert layout(kernel) == before
 
 def test_heuristic_on_a_cpu_upcasts_a_matmul_without_locals():
-  kernel, ops = heuristic(Tensor.empty(512, 512) @ Tensor.empty(512, 512), KernelTarget())
+  kernel, ops = heuristic(Tensor.empty(512, 512, device="LLVM") @ Tensor.empty(512, 512, device="LLVM"), KernelTarget())  # (a GPU splits its K)
   assert ops and set(ops) == {OptOps.UPCAST} and not kernel.axes(L, GR) and kernel.upcast_size > 1
 
 def layouts(size: int) -> dict[str, tuple[Tensor, Tensor]]:
   """The four layouts of a square matmul's inputs: each contiguous (N) or a transposed view of a contiguous array (T)."""
-  a, b = Tensor.empty(size, size), Tensor.empty(size, size)
+  a, b = Tensor.empty(size, size, device="LLVM"), Tensor.empty(size, size, device="LLVM")  # (a GPU would split a long K in two kernels)
   return {"NN": (a, b), "NT": (a, b.T), "TN": (a.T, b), "TT": (a.T, b.T)}
 
 def test_heuristic_on_a_cpu_tiles_two_different_axes_when_llvm_vectorizes_the_reduce():

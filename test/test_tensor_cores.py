@@ -17,22 +17,22 @@ H200 = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST, tensor_cores=True
 LAYOUTS = ("NN", "NT", "TN", "TT")  # T: the operand is a transposed view of a contiguous array
 TC_DTYPES = (dtypes.float16, dtypes.bfloat16)
 
-def operands(m: int, n: int, k: int, layout: str, dtype: DType, seed: int = 0) -> tuple[Tensor, Tensor, np.ndarray]:
+def operands(m: int, n: int, k: int, layout: str, dtype: DType, seed: int = 0, device: str | None = None) -> tuple[Tensor, Tensor, np.ndarray]:
   """a (m x k) and b (k x n) in the layout, and their product computed in float64 from the same 16-bit values."""
   rng = np.random.default_rng(seed)
   arrays = [rng.standard_normal(shape[::-1] if transposed == "T" else shape).astype(np.float32)
             for shape, transposed in (((m, k), layout[0]), ((k, n), layout[1]))]
-  tensors = [Tensor(array).cast(dtype).realize() for array in arrays]
+  tensors = [Tensor(array, device=device).cast(dtype).realize() for array in arrays]
   tensors = [tensor.T if transposed == "T" else tensor for tensor, transposed in zip(tensors, layout)]
   exact = [tensor.float().numpy().astype(np.float64) for tensor in tensors]
   return tensors[0], tensors[1], exact[0] @ exact[1]
 
-def matmul_item(m: int, n: int, k: int, layout: str = "NN", dtype: DType = dtypes.float16):
-  a, b, expected = operands(m, n, k, layout, dtype)
+def matmul_item(m: int, n: int, k: int, layout: str = "NN", dtype: DType = dtypes.float16, device: str | None = None):
+  a, b, expected = operands(m, n, k, layout, dtype, device=device)
   return create_schedule([(a @ b).lazydata])[-1], expected
 
 def kernel_of(m: int, n: int, k: int, layout: str = "NN", dtype: DType = dtypes.float16, target: KernelTarget = H200) -> Kernel:
-  return Kernel(matmul_item(m, n, k, layout, dtype)[0].ast, target)
+  return Kernel(matmul_item(m, n, k, layout, dtype, device="LLVM")[0].ast, target)  # (a GPU would split a long K in two kernels)
 
 def test_tc_makes_a_warp_of_8_x_4_threads_with_2_x_2_accumulators_each():
   kernel = kernel_of(64, 32, 48)

@@ -64,15 +64,30 @@ class LazyBuffer:
     """Reduce over `axis`, keeping each reduced dim as size 1."""
     new_shape = tuple(1 if i in axis else s for i, s in enumerate(self.shape))
     if new_shape == self.shape: return self
-    if (split := _reduce_split(self.shape, axis)) is not None:
+    if (split := _reduce_split(self.shape, axis) or self._split_k(op, axis)) is not None:
       # a long reduce into few outputs runs as two: first each of `parts` chunks of the longest reduced dim (many outputs,
       # which GPU work-groups and CPU threads share), then the partial results
       dim, parts = split
       split_shape = self.shape[:dim] + (parts, self.shape[dim] // parts) + self.shape[dim + 1:]
-      first_axes = tuple(a + (a >= dim) for a in axis)
-      partial = self.reshape(split_shape).reduce(op, first_axes).reshape(new_shape[:dim] + (parts,) + new_shape[dim + 1:])
-      return partial.reduce(op, (dim,))
+      order = (dim,) + tuple(i for i in range(len(split_shape)) if i != dim)  # the parts outermost in the partial results' memory
+      first_axes = tuple(order.index(a + (a >= dim)) for a in axis)
+      partial = self.reshape(split_shape).permute(order).reduce(op, first_axes).permute(tuple(order.index(i) for i in range(len(order))))
+      return partial.reshape(new_shape[:dim] + (parts,) + new_shape[dim + 1:]).reduce(op, (dim,))
     return LazyBuffer(self.device, ShapeTracker.from_shape(new_shape), self.dtype, op, axis, (self,))
+
+  def _split_k(self, op: ReduceOps, axis: tuple[int, ...]) -> tuple[int, int] | None:
+    """(dim, parts) to split a sum of products at on a GPU, or None: one with too many outputs for a work-group each (GROUP) and
+    too few for the GPU's matmul tiles, with a long reduce (a weight gradient over 4096 tokens into 512 x 512, a conv's over the
+    batch and the image), in as few parts of the longest reduced dim as make SPLIT_K_OUTPUTS outputs, each of SPLIT_K_MIN products
+    or more (so the staged and tensor-core plans still apply)."""
+    if op is not ReduceOps.SUM or self._base is not None or self.op is not BinaryOps.MUL or not Device[self.device].target.has_local:
+      return None
+    per_output = prod(self.shape[a] for a in axis)
+    outputs = prod(self.shape) // per_output
+    if not SPLIT_K_MIN_OUTPUTS <= outputs < SPLIT_K_OUTPUTS: return None
+    dim = max(axis, key=lambda a: self.shape[a])
+    fits = [d for d in range(2, self.shape[dim] + 1) if self.shape[dim] % d == 0 and per_output // d >= SPLIT_K_MIN]
+    return (dim, next((d for d in fits if outputs * d >= SPLIT_K_OUTPUTS), fits[-1])) if fits else None
 
   def contiguous(self) -> LazyBuffer:
     """This value in its own contiguous memory (a copy kernel unless it already is a plain base)."""
@@ -104,6 +119,9 @@ class LazyBuffer:
 
 REDUCE_SPLIT_THRESHOLD = 32768  # elements per output from which a reduce is split in two
 MAX_SPLIT_PARTS = 4096  # measured on the H200 at 64M: 4096 parts of 16384 read at 97% of copy bandwidth, 1024 of 65536 at 88%
+SPLIT_K_MIN_OUTPUTS = 16384  # fewer outputs of a sum of products: each is a work-group of its own (GROUP, codegen/heuristic.py)
+SPLIT_K_OUTPUTS = 1 << 21  # outputs of a split sum of products: 2M fill the H200's 132 SMs twice with 64 x 128 output tiles
+SPLIT_K_MIN = 256  # products per output and part
 
 def _reduce_split(shape: tuple[int, ...], axis: tuple[int, ...]) -> tuple[int, int] | None:
   """(dim, parts) to split a long reduce into few outputs at, or None: the longest reduced dim, in as many parts (at most
