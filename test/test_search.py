@@ -231,7 +231,7 @@ def test_a_cached_opt_list_that_no_longer_applies_is_searched_again(tinyc_device
 def test_the_search_grows_a_kernel_to_at_most_256_upcast_lanes_and_may_stage_inputs():
   from tinyc.codegen.heuristic import hand_coded_optimizations
   from tinyc.codegen.kernel import GPU_MAX_UPCAST, KernelTarget
-  a, b = Tensor.empty(1024, 1024), Tensor.empty(1024, 1024)
+  a, b = Tensor.empty(1024, 1024, device="LLVM"), Tensor.empty(1024, 1024, device="LLVM")  # (a GPU would split its K in two kernels)
   ast = next(item.ast for item in create_schedule([(a @ b).lazydata]) if item.ast.op not in LoadOps)
   target = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST)
   def upcast_sizes(opts):

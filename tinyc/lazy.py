@@ -83,8 +83,7 @@ class LazyBuffer:
     if op is not ReduceOps.SUM or self._base is not None or self.op is not BinaryOps.MUL or not Device[self.device].target.has_local:
       return None
     per_output = prod(self.shape[a] for a in axis)
-    outputs = prod(self.shape) // per_output
-    if not SPLIT_K_MIN_OUTPUTS <= outputs < SPLIT_K_OUTPUTS: return None
+    if per_output < 2 * SPLIT_K_MIN or not SPLIT_K_MIN_OUTPUTS <= (outputs := prod(self.shape) // per_output) < SPLIT_K_OUTPUTS: return None
     dim = max(axis, key=lambda a: self.shape[a])
     fits = [d for d in range(2, self.shape[dim] + 1) if self.shape[dim] % d == 0 and per_output // d >= SPLIT_K_MIN]
     return (dim, next((d for d in fits if outputs * d >= SPLIT_K_OUTPUTS), fits[-1])) if fits else None
