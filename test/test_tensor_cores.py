@@ -10,7 +10,7 @@ from tinyc.codegen.kernel import GPU_MAX_UPCAST, AxisKind, Kernel, KernelOptErro
 from tinyc.codegen.linearizer import Linearizer
 from tinyc.device import Buffer, Device
 from tinyc.dtype import DType, dtypes
-from tinyc.helpers import prod
+from tinyc.helpers import Context, prod
 from tinyc.schedule import create_schedule
 
 H200 = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST, tensor_cores=True, local_memory_bytes=227 * 1024)
@@ -41,6 +41,15 @@ def test_tc_makes_a_warp_of_8_x_4_threads_with_2_x_2_accumulators_each():
   assert sizes == {AxisKind.WARP: [8, 4], AxisKind.FRAGMENT: [2, 2], AxisKind.TC: [16]}
   assert kernel.full_shape[kernel.axes(AxisKind.REDUCE)[0]] == 48 // 16 and kernel.local_size == 32 and kernel.upcast_size == 4
   assert sorted(kernel.staged) == [1, 2] and kernel.tile_stages == 2
+
+def test_float32_goes_onto_tf32_tensor_cores_only_with_allow_tf32():
+  with pytest.raises(KernelOptError): kernel_of(64, 32, 48, dtype=dtypes.float32).apply_opt(Opt(OptOps.TC, 0, 0))
+  assert OptOps.TC not in [opt.op for opt in hand_coded_optimizations(kernel_of(64, 32, 48, dtype=dtypes.float32))]
+  with Context(ALLOW_TF32=1):
+    kernel = kernel_of(64, 32, 48, dtype=dtypes.float32)
+    kernel.apply_opt(Opt(OptOps.TC, 0, 0))
+    assert [kernel.full_shape[axis] for axis in kernel.axes(AxisKind.TC)] == [8]  # m16n8k8: 16 bytes of a row, as for 16-bit floats
+    assert OptOps.TC in [opt.op for opt in hand_coded_optimizations(kernel_of(64, 32, 48, dtype=dtypes.float32))]
 
 def test_tc_prefers_the_outputs_contiguous_axis_as_n():
   kernel = kernel_of(64, 32, 48)
@@ -87,7 +96,7 @@ def apply_plan(kernel: Kernel, plan: list[Opt] | None) -> list[Opt]:
   return plan
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("dtype", TC_DTYPES, ids=lambda dtype: dtype.name)
+@pytest.mark.parametrize("dtype", TC_DTYPES + (dtypes.float32,), ids=lambda dtype: dtype.name)
 def test_tensor_core_kernels_compile_to_ptx(layout, dtype):
   try:
     from tinyc.runtime.nvrtc import compile_cuda, load_nvrtc
@@ -95,35 +104,40 @@ def test_tensor_core_kernels_compile_to_ptx(layout, dtype):
   except (ImportError, RuntimeError) as error: pytest.skip(f"NVRTC is not installed here ({error}); CI installs it")
   for name, plan in PLANS.items():
     for shape in ((64, 32, 64), (48, 40, 80), (1000, 24, 40)):
-      kernel = kernel_of(*shape, layout=layout, dtype=dtype)
-      try: apply_plan(kernel, plan)
-      except KernelOptError: continue  # (a plan for other sizes)
-      kernel.limit_global_dims(3)
-      ptx = compile_cuda(kernel.name, render_cuda(kernel.name, Linearizer(kernel, threads=True).linearize()), "sm_90", "ptx").decode()
-      kind = "f16" if dtype == dtypes.float16 else "bf16"
-      assert f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32" in ptx, f"{name} {shape}"
-      # an operand whose K is not its contiguous axis is read transposed: A in TN and TT, B in NN and TN
-      assert ("ldmatrix.sync.aligned.m8n8.x4.trans" in ptx or "ldmatrix.sync.aligned.m8n8.x2.trans" in ptx) == (layout in ("NN", "TN", "TT"))
-      assert "cp.async.cg.shared.global" in ptx or shape == (1000, 24, 40), f"{name} {shape}: 16-byte copies in the background"
+      with Context(ALLOW_TF32=dtype == dtypes.float32):
+        kernel = kernel_of(*shape, layout=layout, dtype=dtype)
+        try: apply_plan(kernel, plan)
+        except KernelOptError: continue  # (a plan for other sizes)
+        kernel.limit_global_dims(3)
+        ptx = compile_cuda(kernel.name, render_cuda(kernel.name, Linearizer(kernel, threads=True).linearize()), "sm_90", "ptx").decode()
+      kind, k = {dtypes.float16: ("f16", 16), dtypes.bfloat16: ("bf16", 16), dtypes.float32: ("tf32", 8)}[dtype]
+      assert f"mma.sync.aligned.m16n8k{k}.row.col.f32.{kind}.{kind}.f32" in ptx, f"{name} {shape}"
+      # a 16-bit operand whose K is not its contiguous axis is read transposed (A in TN and TT, B in NN and TN); TF32 never is
+      transposed = layout in ("NN", "TN", "TT") and dtype != dtypes.float32
+      assert ("ldmatrix.sync.aligned.m8n8.x4.trans" in ptx or "ldmatrix.sync.aligned.m8n8.x2.trans" in ptx) == transposed
+      assert "cp.async.c" in ptx or shape == (1000, 24, 40), f"{name} {shape}: copies in the background"
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_tensor_cores_match_numpy(layout, tinyc_device):
-  """On a device with tensor cores every plan matches numpy; elsewhere TC is refused."""
+  """On a device with tensor cores every plan matches numpy (float32 as TF32, with ALLOW_TF32=1); elsewhere TC is refused."""
+  for dtype in TC_DTYPES + (dtypes.float32,):
+    with Context(ALLOW_TF32=dtype == dtypes.float32):
+      for shape in ((64, 32, 64), (48, 40, 80), (1000, 24, 40)): check_plans(shape, layout, dtype)
+
+def check_plans(shape: tuple[int, int, int], layout: str, dtype: DType) -> None:
   device = Device[Device.DEFAULT]
-  for dtype in TC_DTYPES:
-    for shape in ((64, 32, 64), (48, 40, 80), (1000, 24, 40)):
-      item, expected = matmul_item(*shape, layout=layout, dtype=dtype)
-      if not device.target.tensor_cores:
-        with pytest.raises(KernelOptError): Kernel(item.ast, device.target).apply_opt(Opt(OptOps.TC, 0, 0))
-        continue
-      for name, plan in PLANS.items():
-        kernel = Kernel(item.ast, device.target)
-        try: opts = tuple(apply_plan(kernel, plan))
-        except KernelOptError: continue
-        assert plan is not None or OptOps.TC in [opt.op for opt in opts], "the heuristic uses tensor cores"
-        out = Buffer(Device.DEFAULT, prod(item.outs[0].shape), item.outs[0].dtype)
-        device.get_program(item.ast, opts)([out] + [src.realized for src in item.inputs])
-        got = out.numpy().astype(np.float64)
-        tolerance = 2 ** -7 if dtype == dtypes.bfloat16 else 2 ** -10  # the output's rounding
-        np.testing.assert_allclose(got.reshape(expected.shape), expected, rtol=tolerance, atol=tolerance * np.abs(expected).max(),
-                                   err_msg=f"{name} {shape} {dtype.name}")
+  item, expected = matmul_item(*shape, layout=layout, dtype=dtype)
+  if not device.target.tensor_cores:
+    with pytest.raises(KernelOptError): Kernel(item.ast, device.target).apply_opt(Opt(OptOps.TC, 0, 0))
+    return
+  for name, plan in PLANS.items():
+    kernel = Kernel(item.ast, device.target)
+    try: opts = tuple(apply_plan(kernel, plan))
+    except KernelOptError: continue
+    assert plan is not None or OptOps.TC in [opt.op for opt in opts], "the heuristic uses tensor cores"
+    out = Buffer(Device.DEFAULT, prod(item.outs[0].shape), item.outs[0].dtype)
+    device.get_program(item.ast, opts)([out] + [src.realized for src in item.inputs])
+    # the output's rounding; for float32 TF32's products (10-bit mantissas)
+    tolerance = {dtypes.bfloat16: 2 ** -7, dtypes.float16: 2 ** -10, dtypes.float32: 2 ** -9}[dtype]
+    np.testing.assert_allclose(out.numpy().astype(np.float64).reshape(expected.shape), expected, rtol=tolerance,
+                               atol=tolerance * np.abs(expected).max(), err_msg=f"{name} {shape} {dtype.name}")

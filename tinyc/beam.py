@@ -13,7 +13,7 @@ import hashlib, math, sys, threading, time
 from typing import Any, Callable
 import numpy as np
 from tinyc.dtype import dtypes
-from tinyc.helpers import BEAM, DEBUG, getenv, prod
+from tinyc.helpers import ALLOW_TF32, BEAM, DEBUG, getenv, prod
 from tinyc.ops import LazyOp, MemBuffer, output_count
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.kernel import Kernel, KernelOptError, KernelTarget, Opt
@@ -34,21 +34,22 @@ def build_candidate(ast: LazyOp, opts: tuple[Opt, ...], target: KernelTarget, th
   source = render(name, lowered.uops)
   return name, source, compile_binary(name, source), lowered.global_size, lowered.local_size, lowered.flops, lowered.mem_bytes
 
-_chosen: dict[tuple[str, LazyOp], tuple[Opt, ...]] = {}
+_chosen: dict[tuple[str, LazyOp, bool], tuple[Opt, ...]] = {}
 _searching = threading.Lock()
 
 def beam_opts(device: Compiled, ast: LazyOp) -> tuple[Opt, ...]:
   """The Opts BEAM=n chose for this kernel: from this process's memory, the on-disk cache, or a new search."""
-  if (opts := _chosen.get((device.name, ast))) is not None: return opts
+  chosen_key = (device.name, ast, bool(ALLOW_TF32))  # TF32 changes what the Opts may do
+  if (opts := _chosen.get(chosen_key)) is not None: return opts
   with _searching:
-    if (opts := _chosen.get((device.name, ast))) is not None: return opts
-    key = cache_key(ast, f"{device.name}|{device.arch}|{device.language}")
+    if (opts := _chosen.get(chosen_key)) is not None: return opts
+    key = cache_key(ast, f"{device.name}|{device.arch}|{device.language}" + ("|tf32" if ALLOW_TF32 else ""))
     opts = cache_get(key)
     if opts is not None and not _applies(ast, opts, device.target): opts = None  # written by another version of tinyc: search again
     if opts is None:
       opts, verified = search(device, ast)
       if verified: cache_put(key, opts)
-    _chosen[(device.name, ast)] = opts
+    _chosen[chosen_key] = opts
   return opts
 
 def _applies(ast: LazyOp, opts: tuple[Opt, ...], target: KernelTarget) -> bool:

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 import numpy as np
 from tinyc.dtype import DType, dtypes
-from tinyc.helpers import DEBUG, GlobalCounters, colored, getenv
+from tinyc.helpers import ALLOW_TF32, DEBUG, GlobalCounters, colored, getenv
 from tinyc.ops import LazyOp, MemBuffer
 from tinyc.codegen.kernel import CPU_TARGET, Kernel, KernelTarget, Opt
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.linearizer import Linearizer
-from tinyc.codegen.uops import TC_FLOPS_PER_THREAD, ThreadKind, UOps, UOp, executed
+from tinyc.codegen.uops import ThreadKind, UOps, UOp, executed, mma_flops_per_thread
 from tinyc.codegen.cpu_split import outer_split
 
 class Allocator:
@@ -141,23 +141,24 @@ class Compiled:
     # for TinyJit: graph(steps) makes a one-launch replay of captured steps (each a program of this device and its buffers), called
     # with the replay's input buffers
     self.graph = graph
-    self.programs: dict[tuple[LazyOp, tuple[Opt, ...] | None], Program] = {}
+    self.programs: dict[tuple[LazyOp, tuple[Opt, ...] | None, bool], Program] = {}
     self._names: dict[str, int] = defaultdict(int)
     # threads: one lock guards the names and the table of programs being compiled; each program compiles under a lock of its own,
     # so a thread wanting a program another is compiling waits for it, different programs compile at once, launches never wait
     self._lock = threading.Lock()
-    self._compiling: dict[tuple[LazyOp, tuple[Opt, ...] | None], threading.Lock] = {}
+    self._compiling: dict[tuple[LazyOp, tuple[Opt, ...] | None, bool], threading.Lock] = {}
 
   def get_program(self, ast: LazyOp, opts: tuple[Opt, ...] | None = None) -> Program:
     """The compiled program for `ast` with these Opts (None: the hand-coded heuristic's, or none with NOOPT=1). Thread-safe: each
     is compiled once however many threads ask for it at once."""
-    if (program := self.programs.get((ast, opts))) is not None: return program
-    with self._lock: compiling = self._compiling.setdefault((ast, opts), threading.Lock())
+    key = (ast, opts, bool(ALLOW_TF32))  # TF32 changes what the Opts may do
+    if (program := self.programs.get(key)) is not None: return program
+    with self._lock: compiling = self._compiling.setdefault(key, threading.Lock())
     try:
       with compiling:
-        if (program := self.programs.get((ast, opts))) is None: self.programs[(ast, opts)] = program = self._build_program(ast, opts)
+        if (program := self.programs.get(key)) is None: self.programs[key] = program = self._build_program(ast, opts)
     finally:
-      with self._lock: self._compiling.pop((ast, opts), None)
+      with self._lock: self._compiling.pop(key, None)
     return program
 
   def _build_program(self, ast: LazyOp, opts: tuple[Opt, ...] | None) -> Program:
@@ -196,7 +197,8 @@ def lower(kernel: Kernel, threads: bool, max_local: int) -> LoweredKernel:
 def count_flops(uops: list[UOp]) -> int:
   """A kernel's float operations: each float ALU op counts once per iteration of its loops."""
   alu = executed(uops, lambda uop: uop.op is UOps.ALU and uop.dtype is not None and dtypes.is_float(uop.dtype))
-  return alu + TC_FLOPS_PER_THREAD * executed(uops, lambda uop: uop.op is UOps.WMMA)
+  def mmas_of(dtype: DType) -> Callable[[UOp], bool]: return lambda uop: uop.op is UOps.WMMA and uop.arg == dtype
+  return alu + sum(mma_flops_per_thread(dtype) * executed(uops, mmas_of(dtype)) for dtype in {uop.arg for uop in uops if uop.op is UOps.WMMA})
 
 BACKENDS = ("CUDA", "GPU", "LLVM")
 BACKEND_MODULES = {"CUDA": "ops_cuda", "GPU": "ops_opencl", "LLVM": "ops_llvm"}

@@ -41,7 +41,8 @@ LAYOUT_RANK = {AxisKind.GLOBAL: 0, AxisKind.LOCAL: 1, AxisKind.GROUP: 2, AxisKin
 KIND_COLORS = {AxisKind.GLOBAL: "blue", AxisKind.LOCAL: "cyan", AxisKind.UPCAST: "yellow", AxisKind.GROUP: "green",
                AxisKind.REDUCE: "red", AxisKind.UNROLL: "magenta", AxisKind.WARP: "cyan", AxisKind.FRAGMENT: "yellow", AxisKind.TC: "magenta"}
 TC_DTYPES = (dtypes.float16, dtypes.bfloat16)  # what the tensor cores multiply (mma.sync m16n8k16, fp32 accumulate)
-TC_SHAPE = (16, 8, 16)  # (M, N, K) of one mma
+TC_SHAPE = (16, 8, 16)  # (M, N, K) of one mma of 16-bit floats; of TF32 (float32 inputs, ALLOW_TF32=1) K is 8: 16 bytes of a row either way
+def tc_reduce(dtype: DType) -> int: return 32 // dtype.itemsize  # K of one mma of this input dtype
 
 @dataclass(frozen=True)
 class Opt:

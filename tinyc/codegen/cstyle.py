@@ -52,7 +52,7 @@ class CStyleDialect:
   half_of_bits: Callable[[str], str]    # an unsigned short variable -> the float its float16 bits stand for
   load_fragment: Callable[[str, Fragment, str], str] | None = None  # (uint vector name, Fragment, address of this thread's row) -> statement
   mma: Callable[[DType, list[str], list[str]], str] | None = None  # (operand dtype, 4 A and 2 B registers, 4 accumulators) -> statement
-  copy_async: Callable[[str, str, str], str] | None = None  # (local address, global address, bytes to read of 16) -> statement
+  copy_async: Callable[[str, str, int, str], str] | None = None  # (local address, global address, bytes, bytes to read of them) -> statement
   async_commit: Callable[[], str] | None = None
   async_wait: Callable[[int], str] | None = None  # (groups that may stay in flight) -> statement
   static_local_bytes: int | None = None  # local memory a kernel may declare as arrays; more is dynamic, its size in a comment (CUDA)
@@ -74,13 +74,13 @@ def _cuda_load_fragment(name: str, fragment: Fragment, address: str) -> str:
   return f'asm volatile("{{ .reg .u64 p; cvta.to.shared.u64 p, %{fragment.matrices}; {instruction} }}" : {outputs} : "l"({address}) : "memory");'
 
 def _cuda_mma(dtype: DType, registers: list[str], accs: list[str]) -> str:
-  kind = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}[dtype]
+  kind, k = {dtypes.float16: ("f16", 16), dtypes.bfloat16: ("bf16", 16), dtypes.float32: ("tf32", 8)}[dtype]
   outputs, inputs = ", ".join(f'"+f"({acc})' for acc in accs), ", ".join(f'"r"({register})' for register in registers)
-  instruction = f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"
+  instruction = f"mma.sync.aligned.m16n8k{k}.row.col.f32.{kind}.{kind}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"
   return f'asm("{instruction}" : {outputs} : {inputs});'
 
-def _cuda_copy_async(target: str, source: str, size: str) -> str:
-  instruction = "cp.async.cg.shared.global [p], [%1], 16, %2;"
+def _cuda_copy_async(target: str, source: str, copied: int, size: str) -> str:
+  instruction = f"cp.async.{'cg' if copied == 16 else 'ca'}.shared.global [p], [%1], {copied}, %2;"  # .cg (past L1) takes only 16
   return f'asm volatile("{{ .reg .u64 p; cvta.to.shared.u64 p, %0; {instruction} }}" : : "l"({target}), "l"({source}), "r"({size}) : "memory");'
 
 CUDA_DIALECT = CStyleDialect(
@@ -276,7 +276,8 @@ class CStyleRenderer:
       elif uop.op is UOps.COPY_ASYNC:
         target, source = (f"{self.names[uop.src[i]]}+{self.names[uop.src[i + 1]]}" for i in (0, 2))
         if len(uop.src) == 5: source = f"{self.names[uop.src[2]]}+({self.names[uop.src[4]]}?{self.names[uop.src[3]]}:0)"
-        self.emit(self.require(dialect.copy_async, uop)(target, source, f"({self.names[uop.src[4]]}?16:0)" if len(uop.src) == 5 else "16"))
+        size = f"({self.names[uop.src[4]]}?{uop.arg}:0)" if len(uop.src) == 5 else str(uop.arg)
+        self.emit(self.require(dialect.copy_async, uop)(target, source, uop.arg, size))
       elif uop.op is UOps.ASYNC_COMMIT: self.emit(self.require(dialect.async_commit, uop)())
       elif uop.op is UOps.ASYNC_WAIT: self.emit(self.require(dialect.async_wait, uop)(uop.arg))
       elif uop.op is UOps.VECTORIZE: self.define(uop, dialect.make_vector(self.type_name(dtype), [self.names[src] for src in uop.src]), "vec")

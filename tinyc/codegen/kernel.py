@@ -24,11 +24,11 @@ from __future__ import annotations
 import copy, math
 from typing import Callable, Sequence, cast
 from tinyc.dtype import dtypes
-from tinyc.helpers import DEBUG, colored, dedup, prod, to_function_name
+from tinyc.helpers import ALLOW_TF32, DEBUG, colored, dedup, prod, to_function_name
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, ReduceOps, UnaryOps
 from tinyc.codegen.uops import PYTHON_ALU
 from tinyc.codegen.axes import (CPU_TARGET, GPU_MAX_UPCAST, KIND_COLORS, LANES, LAYOUT_RANK, MAX_UPCAST, REDUCE_SIDE, SPLIT_KINDS, TC_DTYPES,
-                                TC_SHAPE, THREADS, AxisKind, KernelOptError, KernelTarget, Opt, OptOps, TileLayout)
+                                TC_SHAPE, THREADS, AxisKind, KernelOptError, KernelTarget, Opt, OptOps, TileLayout, tc_reduce)
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.shape.symbolic import AndNode, Node, Variable
 from tinyc.shape.view import View
@@ -140,9 +140,9 @@ class Kernel:
       tc, warp = self.axes(AxisKind.TC)[0], next(axis for axis in axes if self.kinds[axis] is AxisKind.WARP)
       outer = [warp] if self.full_shape[warp] == 8 else [warp, next(a for a in axes if self.kinds[a] is AxisKind.FRAGMENT and a > warp)]
       others = [axis for axis in load_order if axis not in unrolled + outer + [tc]]
-      if stride(tc) > stride(outer[-1]): order, rows = unrolled + [tc] + others + outer, tc  # K is not contiguous: ldmatrix .trans
-      else: order, rows = others + outer + unrolled + [tc], outer[-1]
-      dtype = dtypes.uint16  # the values' bits, moved and read as they are
+      if stride(tc) > stride(outer[-1]) and dtype.itemsize == 2: order, rows = unrolled + [tc] + others + outer, tc  # ldmatrix .trans
+      else: order, rows = others + outer + unrolled + [tc], outer[-1]  # (.trans moves 16-bit values: TF32 rows are along K always)
+      dtype = {2: dtypes.uint16, 4: dtypes.uint32}[dtype.itemsize]  # the values' bits, moved and read as they are
     else:
       dtype = dtypes.float32 if dtype in TC_DTYPES else dtype  # 16-bit floats are floats in registers, and in these tiles
       # a buffer contiguous along the unrolled axis is copied across the tile's rows: pad them, so a thread's 4 stores hit 4 banks
@@ -263,7 +263,8 @@ class Kernel:
     reduceop, product = self.reduceops[0], widened(self.reduceops[0].src[0])
     if reduceop.op is not ReduceOps.SUM or product.op is not BinaryOps.MUL: return []
     loads = [widened(src) for src in product.src]  # a product of 16-bit floats is exact in float32 registers, as in the mma
-    if not all(load.op is BufferOps.LOAD and load.dtype in TC_DTYPES and load.dtype == loads[0].dtype for load in loads): return []
+    allowed = TC_DTYPES + ((dtypes.float32,) if ALLOW_TF32 else ())
+    if not all(load.op is BufferOps.LOAD and load.dtype in allowed and load.dtype == loads[0].dtype for load in loads): return []
     numbers = [self.bufs.index(load.arg) for load in loads]
     return numbers if numbers[0] != numbers[1] and self.bufs[numbers[0]] not in _loads_outside_reduces(self.ast) else []
 
@@ -272,7 +273,8 @@ class Kernel:
     one only the second does, sizes multiples of TC_SHAPE (PADTO first otherwise). Those with N the output's contiguous axis first."""
     if not (operands := self.tensor_core_operands()): return []
     spans = lambda number, axis: not self.broadcast_along(number, axis)  # noqa: E731
-    choices = [(m, n, k) for k in self.axes(AxisKind.REDUCE) if self.full_shape[k] % TC_SHAPE[2] == 0 and all(spans(i, k) for i in operands)
+    k_size = tc_reduce(self.bufs[operands[0]].dtype)
+    choices = [(m, n, k) for k in self.axes(AxisKind.REDUCE) if self.full_shape[k] % k_size == 0 and all(spans(i, k) for i in operands)
                for first, second in (operands, operands[::-1]) for n in self.axes(AxisKind.GLOBAL) for m in self.axes(AxisKind.GLOBAL)
                if spans(first, m) and not spans(second, m) and spans(second, n) and not spans(first, n)
                and self.full_shape[m] % TC_SHAPE[0] == 0 and self.full_shape[n] % TC_SHAPE[1] == 0]
@@ -287,7 +289,7 @@ class Kernel:
     _check(set(self.kinds) <= {AxisKind.GLOBAL, AxisKind.REDUCE}, opt, "TC comes before every Opt but PADTO")
     choices = self.tensor_core_choices()
     _check(0 <= opt.axis < len(choices), opt, f"choice {opt.axis} is not one of this kernel's {len(choices)} ways onto tensor cores "
-           "(a sum of products of two 16-bit inputs, with M, N and K multiples of 16, 8 and 16)")
+           "(a sum of products of two 16-bit inputs, or float32 ones with ALLOW_TF32=1, M, N and K multiples of 16, 8 and 16 or 8)")
     m, n, k = choices[opt.axis]
     self.staged, self.tile_stages = tuple(self.tensor_core_operands()), opt.amount or 2
     positions = [self.axes(AxisKind.GLOBAL).index(m), self.axes(AxisKind.GLOBAL).index(n), self.axes(AxisKind.REDUCE).index(k)]
@@ -295,7 +297,7 @@ class Kernel:
     self.shift_to(self.axes(AxisKind.FRAGMENT)[0], 8, AxisKind.WARP)
     self.shift_to(self.axes(AxisKind.GLOBAL)[positions[1]], 8, AxisKind.WARP)
     self.shift_to(self.axes(AxisKind.WARP)[1], 2, AxisKind.FRAGMENT)
-    self.shift_to(self.axes(AxisKind.REDUCE)[positions[2]], 16, AxisKind.TC)
+    self.shift_to(self.axes(AxisKind.REDUCE)[positions[2]], tc_reduce(self.bufs[self.staged[0]].dtype), AxisKind.TC)
     self._drop_size_one_axes()
 
   def _check_limits(self, opt: Opt) -> None:

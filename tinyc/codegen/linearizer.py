@@ -345,7 +345,7 @@ class Linearizer:
     count = 4 if is_a or paired is not None else 2
     matrix, row = (self.lane // 8) % count, self.lane % 8
     outer = NumNode(0) if transposed else row  # the row's place along M (0..15) or N (0..7)
-    k = (matrix // 2 if is_a else matrix % 2) * 8 + (row if transposed else 0)
+    k = (matrix // 2 if is_a else matrix % 2) * (16 // tile.layout.dtype.itemsize) + (row if transposed else 0)  # a row: 16 bytes
     place = {fragment: matrix % 2, warp: outer} if is_a else {warp: outer // 2, fragment: outer % 2}
     if paired is not None: place[paired] = at[paired] + matrix // 2
     idxs = [(at | place | {tc: k}).get(axis, NumNode(0)) for axis in range(kernel.shape_len)]

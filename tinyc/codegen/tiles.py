@@ -5,7 +5,6 @@ Imports dtype, helpers, ops, shape/, codegen/kernel, codegen/uops; the Linearize
 from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, cast
-from tinyc.dtype import dtypes
 from tinyc.helpers import prod
 from tinyc.ops import MemBuffer
 from tinyc.shape.shapetracker import flatten_node, unflatten_node
@@ -67,8 +66,8 @@ def load_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], 
 
 def copy_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], trip: Node, stage: Node) -> None:
   """Copy the tensor-core operands' tiles of reduce loop trip `trip` into tile stage `stage`, as bits, the threads taking turns
-  along each buffer's memory order: 8 neighbours (16 bytes) a turn in the background where they are neighbours in memory and in
-  the tile, else one at once. The copies are one group (ASYNC_WAIT waits for groups)."""
+  along each buffer's memory order: 16 bytes a turn in the background where they are neighbours in memory and in the tile, else
+  one value (in the background too if it has 4 bytes and every turn is whole). The copies are one group (ASYNC_WAIT waits)."""
   kernel, thread = ctx.kernel, ctx.work_group_thread()
   trip_sizes = tuple(kernel.full_shape[axis] for axis in reduce_axes)
   placed = bound | dict(zip(reduce_axes, unflatten_node(trip % prod(trip_sizes), trip_sizes)))
@@ -87,15 +86,17 @@ def copy_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], 
       targets = [tile.index(idxs(thread, lane, width), NumNode(0)) for lane in range(width)]
       return (sources[0][0] % width == 0 and targets[0] % width == 0 and all(valid == sources[0][1] for _, valid in sources) and
               all(source - sources[0][0] == i and target - targets[0] == i for i, ((source, _), target) in enumerate(zip(sources, targets))))
-    width, memory = 8 if moves_together(8) else 1, ctx.globals[cast(MemBuffer, kernel.bufs[tile.number]).idx]
+    bits = tile.layout.dtype
+    width, memory = 16 // bits.itemsize if moves_together(16 // bits.itemsize) else 1, ctx.globals[cast(MemBuffer, kernel.bufs[tile.number]).idx]
     for turn in range(-(-prod(sizes) // (width * kernel.local_size))):
       chunk = thread + turn * kernel.local_size
       (source, valid), target = st.expr_idxs(idxs(chunk, 0, width)), ctx.index(tile.index(idxs(chunk, 0, width), stage))
       in_range = chunk < prod(sizes) // width  # the last turn may have threads to spare
-      index, gates = ctx.access(source, valid if width == 8 else Node.ands([valid, in_range]))
-      if width == 8: ctx.uop(UOps.COPY_ASYNC, None, (tile.memory, target, memory, index) + gates, pure=False)
+      copied = width * bits.itemsize if width > 1 or (bits.itemsize == 4 and in_range.min == 1) else 0  # bytes copied in the background
+      index, gates = ctx.access(source, valid if copied else Node.ands([valid, in_range]))
+      if copied: ctx.uop(UOps.COPY_ASYNC, None, (tile.memory, target, memory, index) + gates, copied, pure=False)
       else:
-        value = ctx.uop(UOps.LOAD, dtypes.uint16, (memory, index) + gates)
+        value = ctx.uop(UOps.LOAD, bits, (memory, index) + gates)
         ctx.uop(UOps.STORE, None, (tile.memory, target, value) + ((ctx.index(in_range),) if in_range.min == 0 else ()), pure=False)
   ctx.uop(UOps.ASYNC_COMMIT, None, pure=False)
 

@@ -26,7 +26,7 @@ class UOps(Enum):
   GEP = auto()            # src: (vector,); arg: the lane it reads
   LOAD_FRAGMENT = auto()  # src: (local memory, this thread's row index); arg: a Fragment; dtype: a uint32 vector, a register a matrix
   WMMA = auto()           # src: (4 A registers, 2 B registers, 4 accumulators); arg: the operands' DType; adds A @ B to the accumulators
-  COPY_ASYNC = auto()     # src: (local memory, index, global memory, index[, valid]): 16 bytes copied in the background (0 where invalid)
+  COPY_ASYNC = auto()     # src: (local memory, index, global memory, index[, valid]); arg: bytes (4 or 16) copied in the background
   ASYNC_COMMIT = auto()   # the copies issued since the last commit are one group
   ASYNC_WAIT = auto()     # arg: n; wait until at most the n newest groups of copies are in flight
 
@@ -65,7 +65,7 @@ class Fragment(NamedTuple):
   matrices: int
   transposed: bool
 
-TC_FLOPS_PER_THREAD = 2 * 16 * 8 * 16 // 32  # one mma.sync m16n8k16, shared by a warp's 32 threads
+def mma_flops_per_thread(dtype: DType) -> int: return 2 * 16 * 8 * (32 // dtype.itemsize) // 32  # m16n8k16 (k8 for TF32), by 32 threads
 
 VECTOR_WIDTH = 4  # lanes of a GPU vector load or store: 4 x 4 bytes is the widest single memory instruction
 
