@@ -92,7 +92,7 @@ def test_gpt_reports_where_its_time_went(capsys):
   trained = float(out.split("trained in ")[1].split(" s")[0])
   sampled = float(out.split("sampled 12 tokens in ")[1].split(" s")[0])
   total = float(out.split("total ")[1].split(" s")[0])
-  assert trained + sampled <= total + 0.1, out
+  assert trained + sampled <= total + 0.15 + 1e-9, out  # each figure is printed rounded to 0.1 s (6.4 + 0.8 against 7.1 happens)
   # the window grows from the 11-character prompt "Return the " to the 8-token context at once: one new length, then the same
   assert "for the 1 whose window length was new" in out and "for the 11 others" in out, out
   assert int(out.split("compiled ")[1].split(" kernels")[0]) > 0, out
