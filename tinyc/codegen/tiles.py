@@ -1,6 +1,8 @@
 """Layer 3: staged inputs (STAGE, see codegen/kernel.py), read through local memory. Two tiles alternate: a thread loads the next
 trip's tile into registers before this trip's work and stores it into the other tile after, so one barrier a trip suffices.
-Imports dtype, helpers, ops, shape/, codegen/kernel, codegen/uops; the Linearizer passes itself in.
+Tensor-core operands (TC) instead keep `tile_stages` tiles, copied in the background (copy_tiles): the linearizer waits for a
+trip's own copies, then starts those of the trip `tile_stages - 1` ahead into the stage every thread has finished reading.
+Imports helpers, ops, shape/, codegen/kernel, codegen/uops; the Linearizer passes itself in.
 """
 from __future__ import annotations
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ class Tile:
   number: int        # the buffer's number in the kernel
   memory: UOp        # DEFINE_LOCAL of 2 * size elements
   layout: TileLayout
-  def index(self, idxs: list[Node], parity: Node) -> Node: return self.layout.view.expr_idxs(idxs) + parity * self.layout.size
+  def index(self, idxs: list[Node], stage: Node) -> Node: return self.layout.view.expr_idxs(idxs) + stage * self.layout.size
 
 class TileShare(NamedTuple):
   """What one thread copies into a tile: values (laid out as `sizes`) and each one's address there (index, gate)."""
