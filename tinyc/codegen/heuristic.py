@@ -13,6 +13,10 @@ LLVM's SLP vectorizer packs lanes by the stores they reach, so a tile whose othe
 multiplies (a 16 x 4 tile: 0.11x numpy at 1024, one thread). At 1024 a.T @ b.T went from 0.9 GFLOP/s (0.01x) to 24 (0.26x; two
 threads 0.3-0.4x); what is left is each column's pass over a 64-float strip of a.T, strided by 4 KB (the rows of a power of
 two alias in the caches), which a tile over several columns would share.
+The tile of a broadcast axis reaches 8 vector registers of accumulators (`vector_lanes`, 16 with AVX-512): measured on the
+2-core Zen 4 guest against numpy, 16 x 8 lanes lift a @ b at 1024 from 0.39x to 0.70x and a.T @ b from 0.27x to 0.61x (16 x 4
+before), 8 x 10 lanes a @ b at 1000 from 0.58x to 0.78x; the CNN train step 30.5 -> 25.0 ms; compiling a matmul takes 0.14 s
+instead of 0.08.
 
 GPUs (the kernel's target has work-groups). A thread per output with a serial loop leaves most of the GPU idle when outputs
 are few, and walks memory uncoalesced when each thread reads its own row: a long reduce into fewer outputs than the GPU has
@@ -61,8 +65,8 @@ def _cpu_optimizations(kernel: Kernel, inputs: list[int]) -> None:
     return
   if _try_upcast(kernel, contiguous, (16, 8, 4, 0)) is None: return
   vector_loaded = [i for i in inputs if _strides(kernel, i)[-1] == 1]
-  lanes_left = min(MAX_UPCAST, kernel.target.max_upcast) // kernel.upcast_size
-  amounts = tuple(a for a in (8, 4, 2) if a <= lanes_left)
+  lanes_left = min(8 * kernel.target.vector_lanes, kernel.target.max_upcast) // kernel.upcast_size  # 8 registers of accumulators
+  amounts = tuple(range(lanes_left, 1, -1))
   if _try_upcast(kernel, _broadcast_axes(kernel, vector_loaded), amounts) is None: _try_upcast(kernel, _broadcast_axes(kernel, inputs), amounts)
 
 def _broadcast_axes(kernel: Kernel, inputs: list[int]) -> list[int]:
