@@ -35,16 +35,21 @@ def define_tile(ctx: Linearizer, number: int) -> Tile:
   layout = ctx.kernel.tile_layout(number)
   return Tile(number, ctx.define_local(layout.dtype, f"tile{number}", ctx.kernel.tile_stages * layout.size), layout)
 
+def _placed(ctx: Linearizer, tile: Tile, bound: dict[int, Node], reduce_axes: list[int], trip: Node) -> dict[int, Node]:
+  """The indices of a tile's copy along the axes it does not spread over: the thread's own, the trip's along the reduce axes (the
+  first again after the last), and 0 along the axes the buffer is broadcast along (Kernel.broadcast_along)."""
+  kernel, trip_sizes = ctx.kernel, tuple(ctx.kernel.full_shape[axis] for axis in reduce_axes)
+  placed = bound | dict(zip(reduce_axes, unflatten_node(trip % prod(trip_sizes), trip_sizes)))
+  return placed | {axis: NumNode(0) for axis in range(kernel.shape_len) if kernel.broadcast_along(tile.number, axis)}
+
 def load_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], trip: Node) -> list[TileShare]:
   """This thread's share of every tile for reduce loop trip `trip` over `reduce_axes` (`bound`: its GLOBAL and LOCAL indices): the
   threads take turns along the buffer's memory order, VECTOR_WIDTH neighbours each where the tile allows (a last turn gated)."""
   kernel, shares = ctx.kernel, []
-  trip_sizes = tuple(kernel.full_shape[axis] for axis in reduce_axes)
-  placed = bound | dict(zip(reduce_axes, unflatten_node(trip % prod(trip_sizes), trip_sizes)))  # the axes the tile does not spread over
   local_axes, spread_axes = kernel.axes(AxisKind.LOCAL), kernel.axes(AxisKind.LOCAL, *LANES)  # the tile spreads over these
   thread = flatten_node([bound[axis] for axis in local_axes], [kernel.full_shape[axis] for axis in local_axes])
   for tile in ctx.tiles.values():
-    at = placed | {axis: NumNode(0) for axis in range(kernel.shape_len) if kernel.broadcast_along(tile.number, axis)}
+    at = _placed(ctx, tile, bound, reduce_axes, trip)
     inner, outer_axes = tile.layout.load_order[-1], tile.layout.load_order[:-1]
     elements = prod(kernel.full_shape[axis] for axis in tile.layout.load_order)
     fits = kernel.full_shape[inner] % VECTOR_WIDTH == 0 and elements % (VECTOR_WIDTH * kernel.local_size) == 0
@@ -71,11 +76,9 @@ def copy_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], 
   along each buffer's memory order: 16 bytes a turn in the background where they are neighbours in memory and in the tile, else
   one value (in the background too if it has 4 bytes and every turn is whole). The copies are one group (ASYNC_WAIT waits)."""
   kernel, thread = ctx.kernel, ctx.work_group_thread()
-  trip_sizes = tuple(kernel.full_shape[axis] for axis in reduce_axes)
-  placed = bound | dict(zip(reduce_axes, unflatten_node(trip % prod(trip_sizes), trip_sizes)))
   for tile in ctx.tiles.values():
     order = tile.layout.load_order
-    at = placed | {axis: NumNode(0) for axis in range(kernel.shape_len) if kernel.broadcast_along(tile.number, axis)}
+    at = _placed(ctx, tile, bound, reduce_axes, trip)
     sizes, st = [kernel.full_shape[axis] for axis in order], kernel.sts[tile.number]
     def idxs(chunk: Node, lane: int, width: int) -> list[Node]:  # the kernel's indices of element `lane` of chunk `chunk` of `width`
       inner = next(i for i in reversed(range(len(sizes))) if prod(sizes[i:]) % width == 0)  # the innermost axes hold whole chunks
