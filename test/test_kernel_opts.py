@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 import numpy as np
 import pytest
-from tinyc import Tensor
+import torch
+from tinyc import Tensor, dtypes
 from tinyc.device import Buffer, Device
 from tinyc.helpers import Context, prod
 from tinyc.ops import BinaryOps, LoadOps, LazyOp
@@ -220,6 +221,16 @@ def test_unaligned_or_masked_lanes_get_no_vector_loads():
   cuda, opencl = sources(optimized(transposed_add_29(), [Opt(OptOps.PADTO, 1, 32), Opt(OptOps.UPCAST, 1, 4)]))
   assert "float4" not in cuda and "vload4" not in opencl and "vstore4" not in opencl
 
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+def test_16_bit_lanes_are_read_and_written_packed_two_to_a_word(dtype):
+  # 8 lanes: one 16-byte access (4 words); 2 lanes (a tensor-core tile's column pair): one 4-byte word
+  cuda, opencl = sources(optimized(Tensor.empty(1024, dtype=dtype) * Tensor.empty(1024, dtype=dtype), [Opt(OptOps.UPCAST, 0, 8)]))
+  assert "*((const uint4*)(data1+" in cuda and "*((uint4*)(data0+" in cuda
+  assert "*((const __global uint4*)(data1+" in opencl and "*((__global uint4*)(data0+" in opencl
+  assert not re.search(r"data\d\[", cuda + opencl), "every access should be a vector"
+  cuda, _ = sources(optimized(Tensor.empty(1024, dtype=dtype) + 1, [Opt(OptOps.UPCAST, 0, 2)]))
+  assert "*((unsigned int*)(data0+" in cuda and "*((const unsigned int*)(data1+" in cuda
+
 def test_padto_on_a_global_axis_gates_the_store():
   cuda, opencl = sources(optimized(transposed_add_29(), [Opt(OptOps.PADTO, 1, 32)]))
   for source in (cuda, opencl): assert re.search(r"if \(.*\) data0\[", source), source
@@ -230,6 +241,7 @@ RENDERED = {
   "matmul_tiles": (matmul_64, [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.LOCAL, 0, 16),
                                Opt(OptOps.LOCAL, 0, 16)]),
   "group_sum": (row_sum, [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.GROUPTOP, 0, 16), Opt(OptOps.UNROLL, 0, 4)]),
+  "packed_16_bit": (lambda: Tensor.empty(1024, dtype=dtypes.bfloat16) * Tensor.empty(1024, dtype=dtypes.float16), [Opt(OptOps.UPCAST, 0, 8)]),
   "padded_add": (transposed_add_29, [Opt(OptOps.PADTO, 0, 32), Opt(OptOps.PADTO, 1, 32), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.LOCAL, 0, 8)]),
 }
 
@@ -293,6 +305,16 @@ def test_matmul_padded_along_the_reduce(tinyc_device):
   np.testing.assert_allclose(run_with_opts(ta @ tb, opts), a @ b, rtol=1e-5, atol=1e-5)
   # a constant in the sum is padded too (it reads 0 in the padding), so padding the reduce of x + 1 is right
   np.testing.assert_allclose(run_with_opts((ta + 1).sum(1), [Opt(OptOps.PADTO, 1, 32), Opt(OptOps.UNROLL, 0, 8)]), (a + 1).sum(1), rtol=1e-5)
+
+@pytest.mark.parametrize("lanes", [2, 4, 8])
+def test_packed_16_bit_lanes_keep_every_value(lanes, tinyc_device):
+  # through packed loads and stores (on GPUs) in both halves of each word: the same values as one lane at a time, and torch's
+  x = np.random.default_rng(7).standard_normal(1024).astype(np.float32) * 100
+  for dtype, torch_dtype in ((dtypes.float16, torch.float16), (dtypes.bfloat16, torch.bfloat16)):
+    t = Tensor(x).cast(dtype).realize()
+    one_by_one = run_with_opts(t * 3 + 1, []).astype(np.float32)
+    np.testing.assert_array_equal(run_with_opts(t * 3 + 1, [Opt(OptOps.UPCAST, 0, lanes)]).astype(np.float32), one_by_one)
+    np.testing.assert_allclose(one_by_one, (torch.tensor(x).to(torch_dtype) * 3 + 1).float().numpy(), rtol=1e-2)
 
 # ---- 4. the hand-coded heuristic ----
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import itertools, math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 from tinyc.dtype import DType, dtypes
 from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
-from tinyc.codegen.uops import Fragment, ThreadKind, UOp, UOps
+from tinyc.codegen.uops import PACKED_16_BIT, Fragment, ThreadKind, UOp, UOps
 
 def _is_signed(dtype: DType) -> bool: return dtypes.is_int(dtype) and not dtypes.is_unsigned(dtype)
 def _max(a: str, b: str) -> str: return f"((({a})!=({a}) || ({a})>({b})) ? ({a}) : ({b}))"  # NaN wins, like torch.maximum
@@ -55,6 +55,7 @@ class CStyleDialect:
   copy_async: Callable[[str, str, int, str], str] | None = None  # (local address, global address, bytes, bytes to read of them) -> statement
   async_commit: Callable[[], str] | None = None
   async_wait: Callable[[int], str] | None = None  # (groups that may stay in flight) -> statement
+  local_pointer_prefix: str = ""  # before a pointer type into work-group-shared memory
   static_local_bytes: int | None = None  # local memory a kernel may declare as arrays; more is dynamic, its size in a comment (CUDA)
   prelude: str = ""
   infinity: str = "INFINITY"
@@ -116,7 +117,7 @@ OPENCL_DIALECT = CStyleDialect(
   lambda bits: f"as_double({bits})", lambda value: f"as_ulong({value})",
   lambda value, name: f"ushort {name}; vstore_half({value}, 0, (__private half*)&{name});",
   lambda name: f"vload_half(0, (__private const half*)&{name})",
-  prelude="#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n")
+  local_pointer_prefix="__local ", prelude="#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n")
 
 class CStyleRenderer:
   """Renders one kernel's UOps in a dialect. Use through render_cuda / render_opencl."""
@@ -136,6 +137,8 @@ class CStyleRenderer:
   def fresh(self, prefix: str) -> str: return f"{prefix}{next(self.counters[prefix])}"
   def emit(self, line: str) -> None: self.lines.append("  " * self.depth + line)
   def type_name(self, dtype: DType) -> str:
+    if dtype.count > 1 and dtype.scalar() in PACKED_16_BIT:  # two to a 32-bit word
+      return self.dialect.type_names[dtypes.uint32] if dtype.count == 2 else f"uint{dtype.count // 2}"
     if dtype.count > 1: return f"{_VECTOR_BASE_NAMES[dtype.scalar()]}{dtype.count}"  # float4, int4, uint4 in both dialects
     return self.dialect.type_names[dtype]
   def memory_type(self, dtype: DType) -> str: return self.dialect.memory_names.get(dtype, self.dialect.type_names[dtype])
@@ -165,7 +168,9 @@ class CStyleRenderer:
   def load(self, uop: UOp) -> str:
     assert uop.dtype is not None
     buffer, index, zero = self.names[uop.src[0]], self.names[uop.src[1]], self.const(0, uop.dtype.scalar())
-    if uop.dtype.count > 1:
+    if uop.dtype.count > 1 and uop.dtype.scalar() in PACKED_16_BIT:
+      loaded, zero = f"*((const {self.pointer_type(uop.src[0], uop.dtype)})({buffer}+{index}))", self.packed_words(["0u"] * (uop.dtype.count // 2))
+    elif uop.dtype.count > 1:
       vector_type = self.type_name(uop.dtype)
       loaded, zero = self.dialect.vector_load(vector_type, buffer, index), self.dialect.make_vector(vector_type, [zero] * uop.dtype.count)
     elif uop.dtype == dtypes.float16: loaded = self.dialect.load_half(buffer, index)
@@ -174,14 +179,42 @@ class CStyleRenderer:
     else: loaded = f"{buffer}[{index}]"
     return f"({self.names[uop.src[2]]}?{loaded}:{zero})" if len(uop.src) == 3 else loaded
 
-  def store(self, buffer: str, index: str, value: str, dtype: DType) -> str:
+  def store(self, memory: UOp, index: str, value: str, dtype: DType) -> str:
+    buffer = self.names[memory]
+    if dtype.count > 1 and dtype.scalar() in PACKED_16_BIT: return f"*(({self.pointer_type(memory, dtype)})({buffer}+{index})) = {value};"
     if dtype.count > 1: return self.dialect.vector_store(self.type_name(dtype), buffer, index, value)
     if dtype == dtypes.float16: return self.dialect.store_half(buffer, index, value)
-    if dtype == dtypes.bfloat16:  # round to nearest even, as torch does
-      bits = self.fresh("bits")
-      self.emit(f"unsigned int {bits} = {self.dialect.bits_of_float(value)};")
-      return f"{buffer}[{index}] = (unsigned short)(({bits} + 0x7FFFu + (({bits}>>16)&1u))>>16);"
+    if dtype == dtypes.bfloat16: return f"{buffer}[{index}] = (unsigned short){self.bfloat16_bits(value)};"
     return f"{buffer}[{index}] = {value};"
+
+  def bfloat16_bits(self, value: str) -> str:
+    """The bfloat16 nearest to a float (ties to even, as torch rounds), as the unsigned 16 bits of an unsigned int expression."""
+    bits = self.fresh("bits")
+    self.emit(f"unsigned int {bits} = {self.dialect.bits_of_float(value)};")
+    return f"(({bits} + 0x7FFFu + (({bits}>>16)&1u))>>16)"
+
+  def pointer_type(self, memory: UOp, dtype: DType) -> str:
+    """A pointer to `dtype`'s vector type in the memory of `memory` (global or local): packed 16-bit vectors are read and written
+    through it."""
+    space = self.dialect.buffer_prefix if memory.op is UOps.DEFINE_GLOBAL else self.dialect.local_pointer_prefix
+    return f"{space}{self.type_name(dtype)}*"
+
+  def packed_words(self, words: list[str]) -> str:
+    """A packed 16-bit vector of these 32-bit words."""
+    return words[0] if len(words) == 1 else self.dialect.make_vector(f"uint{len(words)}", words)
+
+  def packed(self, lanes: list[UOp]) -> str:
+    """16-bit floats (held as floats) as a packed vector: each rounded to its 16 bits, two to a word, the first in the low half."""
+    def bits(lane: UOp) -> str:
+      if lane.dtype == dtypes.bfloat16: return self.bfloat16_bits(self.names[lane])
+      return f"(unsigned int){self.to_bits(self.names[lane], dtypes.float16)}"
+    words = [bits(lane) for lane in lanes]
+    return self.packed_words([f"({low}|({high}<<16))" for low, high in zip(words[::2], words[1::2])])
+
+  def unpacked(self, vector: UOp, lane: int) -> str:
+    """Lane `lane` of a packed 16-bit vector, as a float."""
+    word = self.names[vector] if cast(DType, vector.dtype).count == 2 else f"{self.names[vector]}.{'xyzw'[lane // 2]}"
+    return self.from_bits(f"({word}>>16)" if lane % 2 else f"({word}&0xFFFFu)", cast(DType, vector.dtype).scalar())
 
   def alu(self, uop: UOp) -> str:
     op, operands = uop.arg, [self.names[src] for src in uop.src]
@@ -260,11 +293,12 @@ class CStyleRenderer:
         if uop.src[0].op is UOps.DEFINE_ACC: self.emit(f"{self.names[uop.src[0]]} = {self.names[uop.src[1]]};")
         else:
           assert uop.src[2].dtype is not None
-          store = self.store(self.names[uop.src[0]], self.names[uop.src[1]], self.names[uop.src[2]], uop.src[2].dtype)
+          store = self.store(uop.src[0], self.names[uop.src[1]], self.names[uop.src[2]], uop.src[2].dtype)
           self.emit(f"if ({self.names[uop.src[3]]}) {store}" if len(uop.src) == 4 else store)
       elif uop.op is UOps.ALU: self.define(uop, self.alu(uop), "alu")
       elif uop.op is UOps.CAST: self.define(uop, self.cast(self.names[uop.src[0]], dtype), "cast")
       elif uop.op is UOps.BITCAST: self.define(uop, self.bitcast(uop), "cast")
+      elif uop.op is UOps.GEP and dtype in PACKED_16_BIT: self.names[uop] = self.unpacked(uop.src[0], uop.arg)
       elif uop.op is UOps.GEP: self.names[uop] = f"{self.names[uop.src[0]]}.{'xyzw'[uop.arg]}"
       elif uop.op is UOps.LOAD_FRAGMENT:
         self.names[uop] = self.fresh("frag")
@@ -280,6 +314,7 @@ class CStyleRenderer:
         self.emit(self.require(dialect.copy_async, uop)(target, source, uop.arg, size))
       elif uop.op is UOps.ASYNC_COMMIT: self.emit(self.require(dialect.async_commit, uop)())
       elif uop.op is UOps.ASYNC_WAIT: self.emit(self.require(dialect.async_wait, uop)(uop.arg))
+      elif uop.op is UOps.VECTORIZE and dtype.scalar() in PACKED_16_BIT: self.define(uop, self.packed(list(uop.src)), "vec")
       elif uop.op is UOps.VECTORIZE: self.define(uop, dialect.make_vector(self.type_name(dtype), [self.names[src] for src in uop.src]), "vec")
       else: raise NotImplementedError(f"the {dialect.name} renderer has no rule for {uop.op}")
     body = "\n".join(self.lines)

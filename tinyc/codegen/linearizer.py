@@ -14,8 +14,8 @@ from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, 
 from tinyc.shape.shapetracker import flatten_node
 from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, simplify_given_valid
 from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel
-from tinyc.codegen.uops import (PYTHON_ALU, VECTOR_WIDTH, Fragment, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind, UOp, UOps,
-                               cast_python_value)
+from tinyc.codegen.uops import (PACKED_16_BIT, PYTHON_ALU, VECTOR_WIDTH, Fragment, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind,
+                               UOp, UOps, cast_python_value)
 from tinyc.codegen.tiles import Tile, copy_tiles, define_tile, load_tiles, store_tiles
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
@@ -157,14 +157,16 @@ class Linearizer:
       self.uop(UOps.STORE, None, (memory, index_uop, self.cast(value, dtype)) + gate, pure=False)
 
   def vector_groups(self, dtype: DType, sizes: list[int], addresses: list[Address]) -> list[tuple[list[int], Node]]:
-    """Groups of VECTOR_WIDTH lanes (laid out as `sizes`) at neighbouring valid addresses from an aligned index, with that index:
-    each is one 16-byte load or store. Only on GPUs, for 4-byte types, along one upcast axis."""
-    if not self.threads or dtype not in (dtypes.float32, dtypes.int32, dtypes.uint32): return []
-    for position, size in enumerate(sizes):
-      if size % VECTOR_WIDTH: continue
-      stride = prod(sizes[position + 1:])
-      groups = [[first + i * stride for i in range(VECTOR_WIDTH)] for first in range(len(addresses)) if (first // stride) % VECTOR_WIDTH == 0]
-      if all(_neighbours(addresses, group) for group in groups): return [(group, addresses[group[0]][0]) for group in groups]
+    """Groups of lanes (laid out as `sizes`) at neighbouring valid addresses from an aligned index, with that index: each is one
+    load or store. Only on GPUs, along one upcast axis: VECTOR_WIDTH lanes of a 4-byte type (16 bytes), or 8, 4 or 2 lanes of a
+    16-bit float (16, 8 or 4 bytes: a thread's two columns of a tensor-core tile are stored as one 4-byte word)."""
+    widths = (VECTOR_WIDTH,) if dtype in (dtypes.float32, dtypes.int32, dtypes.uint32) else (8, 4, 2) if dtype in PACKED_16_BIT else ()
+    for width in widths if self.threads else ():
+      for position, size in enumerate(sizes):
+        if size % width: continue
+        stride = prod(sizes[position + 1:])
+        groups = [[first + i * stride for i in range(width)] for first in range(len(addresses)) if (first // stride) % width == 0]
+        if all(_neighbours(addresses, group) for group in groups): return [(group, addresses[group[0]][0]) for group in groups]
     return []
 
   # ---- the AST -> UOps ----
@@ -415,4 +417,4 @@ def _is_const(uop: UOp, value: Any) -> bool: return uop.op is UOps.CONST and uop
 def _neighbours(addresses: list[Address], lanes: list[int]) -> bool:
   """Whether these lanes' addresses are valid and neighbouring, in order, from an aligned index."""
   start = addresses[lanes[0]][0]
-  return start % VECTOR_WIDTH == 0 and all(addresses[lane][1].min == 1 and addresses[lane][0] - start == i for i, lane in enumerate(lanes))
+  return start % len(lanes) == 0 and all(addresses[lane][1].min == 1 and addresses[lane][0] - start == i for i, lane in enumerate(lanes))

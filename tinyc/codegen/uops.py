@@ -68,6 +68,7 @@ class Fragment(NamedTuple):
 def mma_flops_per_thread(dtype: DType) -> int: return 2 * 16 * 8 * (32 // dtype.itemsize) // 32  # m16n8k16 (k8 for TF32), by 32 threads
 
 VECTOR_WIDTH = 4  # lanes of a GPU vector load or store: 4 x 4 bytes is the widest single memory instruction
+PACKED_16_BIT = (dtypes.float16, dtypes.bfloat16)  # a vector of these is their bits, two to a 32-bit word (registers hold floats)
 
 @dataclass(frozen=True, eq=False)
 class UOp:
