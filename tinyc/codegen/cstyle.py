@@ -50,9 +50,10 @@ class CStyleDialect:
   bits_of_double: Callable[[str], str]  # double expression -> its bits as an unsigned 64-bit integer
   half_bits: Callable[[str, str], str]  # (float expression, name) -> statement declaring `name`, its float16 bits as unsigned short
   half_of_bits: Callable[[str], str]    # an unsigned short variable -> the float its float16 bits stand for
-  load_fragment: Callable[[str, Fragment, str], str] | None = None  # (uint vector name, Fragment, address of this thread's row) -> statement
+  shared_address: Callable[[str], str] | None = None  # local memory -> its 32-bit address in the shared window (ldmatrix, cp.async)
+  load_fragment: Callable[[str, Fragment, str], str] | None = None  # (uint vector name, Fragment, shared address of this thread's row) -> statement
   mma: Callable[[DType, list[str], list[str]], str] | None = None  # (operand dtype, 4 A and 2 B registers, 4 accumulators) -> statement
-  copy_async: Callable[[str, str, int, str], str] | None = None  # (local address, global address, bytes, bytes to read of them) -> statement
+  copy_async: Callable[[str, str, int, str], str] | None = None  # (shared address, global address, bytes, bytes to read of them) -> statement
   async_commit: Callable[[], str] | None = None
   async_wait: Callable[[int], str] | None = None  # (groups that may stay in flight) -> statement
   local_pointer_prefix: str = ""  # before a pointer type into work-group-shared memory
@@ -71,8 +72,7 @@ def _cuda_load_fragment(name: str, fragment: Fragment, address: str) -> str:
   registers = ", ".join(f"%{i}" for i in range(fragment.matrices))
   outputs = ", ".join(f'"=r"({name}.{"xyzw"[i]})' for i in range(fragment.matrices))
   shape = f"m8n8.x{fragment.matrices}{'.trans' if fragment.transposed else ''}"
-  instruction = f"ldmatrix.sync.aligned.{shape}.shared.b16 {{{registers}}}, [p];"
-  return f'asm volatile("{{ .reg .u64 p; cvta.to.shared.u64 p, %{fragment.matrices}; {instruction} }}" : {outputs} : "l"({address}) : "memory");'
+  return f'asm volatile("ldmatrix.sync.aligned.{shape}.shared.b16 {{{registers}}}, [%{fragment.matrices}];" : {outputs} : "r"({address}) : "memory");'
 
 def _cuda_mma(dtype: DType, registers: list[str], accs: list[str]) -> str:
   kind, k = {dtypes.float16: ("f16", 16), dtypes.bfloat16: ("bf16", 16), dtypes.float32: ("tf32", 8)}[dtype]
@@ -81,8 +81,8 @@ def _cuda_mma(dtype: DType, registers: list[str], accs: list[str]) -> str:
   return f'asm("{instruction}" : {outputs} : {inputs});'
 
 def _cuda_copy_async(target: str, source: str, copied: int, size: str) -> str:
-  instruction = f"cp.async.{'cg' if copied == 16 else 'ca'}.shared.global [p], [%1], {copied}, %2;"  # .cg (past L1) takes only 16
-  return f'asm volatile("{{ .reg .u64 p; cvta.to.shared.u64 p, %0; {instruction} }}" : : "l"({target}), "l"({source}), "r"({size}) : "memory");'
+  instruction = f"cp.async.{'cg' if copied == 16 else 'ca'}.shared.global [%0], [%1], {copied}, %2;"  # .cg (past L1) takes only 16
+  return f'asm volatile("{instruction}" : : "r"({target}), "l"({source}), "r"({size}) : "memory");'
 
 CUDA_DIALECT = CStyleDialect(
   "CUDA", 'extern "C" __global__ ', "", lambda d: f"(blockIdx.{_XYZ[d]}*blockDim.{_XYZ[d]}+threadIdx.{_XYZ[d]})",
@@ -99,7 +99,10 @@ CUDA_DIALECT = CStyleDialect(
   prelude=("__device__ inline float __half_bits_to_float(unsigned short h) {\n"
            "  float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f;\n}\n"
            "__device__ inline unsigned short __float_to_half_bits(float f) {\n"
-           "  unsigned short h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h;\n}\n"),
+           "  unsigned short h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h;\n}\n"
+           "__device__ inline unsigned int __shared_address(const void* p) {\n"
+           "  unsigned int a; asm(\"{ .reg .u64 q; cvta.to.shared.u64 q, %1; cvt.u32.u64 %0, q; }\" : \"=r\"(a) : \"l\"(p)); return a;\n}\n"),
+  shared_address=lambda name: f"__shared_address({name})",
   load_fragment=_cuda_load_fragment, mma=_cuda_mma, copy_async=_cuda_copy_async,
   async_commit=lambda: 'asm volatile("cp.async.commit_group;" : : : "memory");',
   async_wait=lambda groups: f'asm volatile("cp.async.wait_group {groups};" : : : "memory");', static_local_bytes=48 * 1024,
@@ -258,6 +261,7 @@ class CStyleRenderer:
     if dynamic_bytes := sum(sizes) if dialect.static_local_bytes is not None and sum(sizes) > dialect.static_local_bytes else 0:
       declaration = f"extern {dialect.local_prefix}unsigned char dynamic_local[] __attribute__((aligned(16)));"
       self.emit(f"{declaration}  /* dynamic local memory: {dynamic_bytes} bytes */")
+    addressed = {uop.src[0] for uop in self.uops if uop.op in (UOps.LOAD_FRAGMENT, UOps.COPY_ASYNC)}  # locals read or written by address
     for uop in self.uops:
       dtype = uop.dtype if uop.dtype is not None else dtypes.bool  # (ops without a dtype do not read it)
       if uop.op in (UOps.DEFINE_GLOBAL, UOps.SPECIAL, UOps.DEFINE_LOCAL, UOps.LOOP): self.names[uop] = uop.arg.name
@@ -268,11 +272,12 @@ class CStyleRenderer:
       elif uop.op is UOps.SPECIAL:
         thread_id = {ThreadKind.GLOBAL: dialect.global_id, ThreadKind.GROUP: dialect.group_id, ThreadKind.LOCAL: dialect.local_id}[uop.arg.kind]
         self.emit(f"int {uop.arg.name} = {thread_id(uop.arg.dim)};  /* 0..{uop.arg.size - 1} */")
-      elif uop.op is UOps.DEFINE_LOCAL and dynamic_bytes:  # a part of the dynamic memory, 16-byte aligned
-        self.emit(f"{self.memory_type(dtype)}* {uop.arg.name} = ({self.memory_type(dtype)}*)(dynamic_local+{dynamic_offsets[uop]});")
       elif uop.op is UOps.DEFINE_LOCAL:
-        # 16-byte aligned for vector reads and writes: an array of float is only 4-byte aligned, and CUDA faults on a misaligned float4
-        self.emit(f"{dialect.local_prefix}{self.memory_type(dtype)} {uop.arg.name}[{uop.arg.size}] __attribute__((aligned(16)));")
+        if dynamic_bytes:  # a part of the dynamic memory, 16-byte aligned
+          self.emit(f"{self.memory_type(dtype)}* {uop.arg.name} = ({self.memory_type(dtype)}*)(dynamic_local+{dynamic_offsets[uop]});")
+        else:  # 16-byte aligned for vector reads and writes: an array of float is only 4-byte aligned, and CUDA faults on a misaligned float4
+          self.emit(f"{dialect.local_prefix}{self.memory_type(dtype)} {uop.arg.name}[{uop.arg.size}] __attribute__((aligned(16)));")
+        if uop in addressed: self.emit(f"unsigned int {uop.arg.name}_address = {self.require(dialect.shared_address, uop)(uop.arg.name)};")
       elif uop.op is UOps.BARRIER: self.emit(dialect.barrier)
       elif uop.op is UOps.LOOP:
         name = uop.arg.name
@@ -303,12 +308,12 @@ class CStyleRenderer:
       elif uop.op is UOps.LOAD_FRAGMENT:
         self.names[uop] = self.fresh("frag")
         self.emit(f"{self.type_name(dtype)} {self.names[uop]};")
-        self.emit(self.require(dialect.load_fragment, uop)(self.names[uop], uop.arg, f"{self.names[uop.src[0]]}+{self.names[uop.src[1]]}"))
+        self.emit(self.require(dialect.load_fragment, uop)(self.names[uop], uop.arg, self.shared_address(uop.src[0], self.names[uop.src[1]])))
       elif uop.op is UOps.WMMA:
         registers, accs = [self.names[src] for src in uop.src[:6]], [self.names[src] for src in uop.src[6:]]
         self.emit(self.require(dialect.mma, uop)(uop.arg, registers, accs))
       elif uop.op is UOps.COPY_ASYNC:
-        target, source = (f"{self.names[uop.src[i]]}+{self.names[uop.src[i + 1]]}" for i in (0, 2))
+        target, source = self.shared_address(uop.src[0], self.names[uop.src[1]]), f"{self.names[uop.src[2]]}+{self.names[uop.src[3]]}"
         if len(uop.src) == 5: source = f"{self.names[uop.src[2]]}+({self.names[uop.src[4]]}?{self.names[uop.src[3]]}:0)"
         size = f"({self.names[uop.src[4]]}?{uop.arg}:0)" if len(uop.src) == 5 else str(uop.arg)
         self.emit(self.require(dialect.copy_async, uop)(target, source, uop.arg, size))
@@ -319,6 +324,10 @@ class CStyleRenderer:
       else: raise NotImplementedError(f"the {dialect.name} renderer has no rule for {uop.op}")
     body = "\n".join(self.lines)
     return f"{dialect.prelude}{dialect.kernel_prefix}void {self.function_name}({', '.join(params)}) {{\n{body}\n}}\n"
+
+  def shared_address(self, memory: UOp, index: str) -> str:
+    """The 32-bit shared-window address of element `index` of local memory, from its base address (worked out where it is defined)."""
+    return f"{self.names[memory]}_address+({index})*{cast(DType, memory.dtype).itemsize}"
 
   def require(self, rule: Callable[..., str] | None, uop: UOp) -> Callable[..., str]:
     if rule is None: raise NotImplementedError(f"the {self.dialect.name} renderer has no rule for {uop.op}")
