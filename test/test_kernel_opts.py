@@ -344,6 +344,15 @@ def test_heuristic_stages_a_matmul_from_128_products_an_output():
   kernel, ops = heuristic(Tensor.empty(3000, 3000) @ Tensor.empty(3000, 3000), KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST))
   assert ops[:3] == [OptOps.PADTO] * 3 and kernel.staged == (1, 2) and kernel.full_shape[0] * 64 == 3008  # rows to whole 64-row tiles
 
+def test_heuristic_gives_a_conv_64_accumulators_a_thread_on_a_gpu():
+  x, w = Tensor.empty(64, 64, 56, 56), Tensor.empty(64, 64, 3, 3)
+  kernel, _ = heuristic(x.conv2d(w, padding=1), KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST))
+  # 4 x 4 lanes along output channels and columns, then x2 along the output channels (x is reused most) and the batch (the
+  # larger of the axes the weight is reused along)
+  assert kernel.applied_opts[-2:] == [Opt(OptOps.UPCAST, 1, 2), Opt(OptOps.UPCAST, 0, 2)] and kernel.size_of(U) == 64
+  kernel, _ = heuristic(Tensor.empty(512, 64) @ Tensor.empty(64, 512))  # one reduce axis: a matmul keeps its 4 x 4 tile
+  assert kernel.size_of(U) == 16
+
 def test_heuristic_groups_a_long_row_sum_on_a_gpu():
   kernel, ops = heuristic(Tensor.empty(64, 4096).sum(1))
   assert OptOps.GROUP in ops and len(kernel.axes(GR)) == 1 and kernel.local_size >= 16
