@@ -7,6 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as tF
 from tinyc import GlobalCounters, Tensor, dtypes
+from tinyc.ops import LoadOps, ReduceOps
+from tinyc.helpers import prod
+from tinyc.schedule import create_schedule
 from helpers import check_grad, check_grads, random_array
 
 def integers(shape: tuple[int, ...], low: int = -2, high: int = 2, seed: int = 0) -> np.ndarray:
@@ -250,6 +253,67 @@ def test_conv2d():
 def test_conv2d_no_bias_view_input():
   check_grad([(1, 6, 6, 2), (3, 2, 3, 3)], lambda x, w: tF.conv2d(x.permute(0, 3, 1, 2), w), lambda x, w: x.permute(0, 3, 1, 2).conv2d(w),
              atol=1e-4)
+
+# conv2d's own backward (a transposed conv for the input): strides that leave a remainder (the gradient's output_padding), padding past
+# the kernel's reach (the transposed conv crops), asymmetric padding (torch pads first), dilation, groups, 1d and 3d, odd sizes
+CONV_BACKWARD = [  # x shape, w shape, kwargs for tinyc (padding of 2 * spatial dims: torch pads x with it first)
+  ((2, 3, 13, 7), (4, 3, 3, 3), {"stride": 3}), ((1, 2, 7, 13), (3, 2, 3, 2), {"stride": 2, "padding": 2}),
+  ((2, 4, 13, 13), (6, 2, 3, 3), {"groups": 2, "dilation": 2, "padding": (2, 1), "stride": (1, 3)}),
+  ((1, 4, 7, 7), (4, 1, 3, 3), {"groups": 4, "stride": 2, "padding": 1}), ((1, 2, 7, 7), (3, 2, 1, 1), {"padding": 1, "stride": 2}),
+  ((1, 2, 7, 7), (2, 2, 2, 2), {"padding": 2, "dilation": 2}), ((1, 2, 7, 13), (3, 2, 3, 3), {"padding": [1, 2, 0, 1], "stride": 2}),
+  ((2, 8, 13, 13), (8, 8, 3, 3), {"padding": 1}), ((2, 3, 13), (4, 3, 3), {"stride": 2, "padding": 1}),
+  ((1, 2, 13), (2, 2, 2), {"stride": 3, "dilation": 2}), ((1, 4, 5, 7, 6), (4, 2, 3, 2, 3), {"stride": (2, 1, 3), "padding": 1, "groups": 2}),
+]
+
+def _torch_conv(x, w, b, padding=0, **kwargs):
+  if isinstance(padding, list): x, padding = tF.pad(x, padding), 0
+  return {3: tF.conv1d, 4: tF.conv2d, 5: tF.conv3d}[x.ndim](x, w, b, padding=padding, **kwargs)
+
+@pytest.mark.parametrize("dtype, atol, rtol", [(dtypes.float32, 1e-4, 1e-3), (dtypes.float16, 2e-2, 1e-2)])
+def test_conv2d_own_backward(dtype, atol, rtol):
+  cases = {}
+  for i, (x, w, kw) in enumerate(CONV_BACKWARD):
+    arrays = [random_array(shape, dtype, seed=i + j) for j, shape in enumerate((x, w, w[:1]))]
+    cases[f"{x}-{w}-{kw}"] = (arrays, lambda x, w, b, kw=kw: _torch_conv(x, w, b, **kw), lambda x, w, b, kw=kw: x.conv2d(w, b, **kw))
+  check_grads(cases, atol=atol, rtol=rtol)
+
+def test_conv2d_backward_of_one_input_and_mixed_dtypes():
+  """Only the weight (first layer: the images need no gradient), only the input, and a float16 input with a float32 weight: each
+  gradient in its input's dtype."""
+  check_grad([random_array((2, 3, 7, 7), seed=1), random_array((4, 3, 3, 3), seed=2).astype(np.int32)], lambda x, w: tF.conv2d(x, w.float()),
+             lambda x, w: x.conv2d(w.float()))
+  check_grad([random_array((2, 3, 7, 7), seed=1).astype(np.int32), random_array((4, 3, 3, 3), seed=2)], lambda x, w: tF.conv2d(x.float(), w),
+             lambda x, w: x.float().conv2d(w))
+  check_grad([random_array((2, 3, 7, 7), dtypes.float16, seed=1), random_array((4, 3, 3, 3), seed=2)],
+             lambda x, w: tF.conv2d(x.float(), w, stride=2), lambda x, w: x.conv2d(w, stride=2), atol=1e-3)
+
+def test_conv2d_second_backward_raises():
+  """The graph is freed by a backward, as torch's is without retain_graph: a second one raises instead of adding to .grad again."""
+  x, w = Tensor(random_array((1, 2, 5, 5)), requires_grad=True), Tensor(random_array((3, 2, 3, 3)), requires_grad=True)
+  loss = x.conv2d(w, padding=1).sum()
+  loss.backward()
+  assert x.grad is not None and not x.grad.requires_grad
+  first = x.grad.numpy()
+  with pytest.raises(RuntimeError): loss.backward()
+  np.testing.assert_equal(x.grad.numpy(), first)
+
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16])
+def test_conv2d_gradients_are_one_reduce_kernel_each(dtype):
+  """conv2d's own backward: the input gradient is one transposed convolution, a forward-style reduce that writes only x's gradient
+  (autograd through the pooling views made a (batch, cin, pixels, 9, cout) product in memory, then folded it), and the weight
+  gradient one reduce over the batch and the pixels."""
+  x, w, g = [Tensor.empty(*shape, dtype=dtype, requires_grad=True).realize() for shape in ((2, 8, 12, 12), (8, 8, 3, 3), (2, 8, 12, 12))]
+  (x.conv2d(w, padding=1) * g).sum().backward()
+  for leaf in (x, w):
+    assert leaf.grad is not None and leaf.grad.dtype == dtype
+    items = [item for item in create_schedule([leaf.grad.lazydata]) if item.ast.op not in LoadOps]
+    assert len(items) == 1, f"{len(items)} kernels for {leaf.shape}'s gradient"
+    assert any(op.op in ReduceOps for op in _ast_ops(items[0].ast)), "the kernel has no reduce"
+    assert all(prod(out.shape) <= x.numel() for out in items[0].outs), [out.shape for out in items[0].outs]
+
+def _ast_ops(ast):
+  yield ast
+  for src in ast.src: yield from _ast_ops(src)
 
 CONV_TRANSPOSE = [  # x shape, w shape (in, out/groups, kh, kw), kwargs
   ((2, 2, 3, 3), (2, 3, 3, 3), {}), ((1, 2, 3, 3), (2, 2, 3, 3), {"stride": 2, "padding": 1, "output_padding": 1}),

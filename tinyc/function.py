@@ -50,6 +50,15 @@ class ZeroGrad(Function):
     return value
   def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return self.x.const(0)
 
+class Composite(Function):
+  """An op composed of other ops that gives its own backward: `value` is its result, computed without recording a graph, and
+  `backward` (built by the Tensor layer, which composes it from Tensor ops) maps grad_output to one gradient (or None) per input."""
+  def forward(self, *inputs: LazyBuffer, value: LazyBuffer, backward: Callable[[LazyBuffer], tuple[LazyBuffer | None, ...]]) -> LazyBuffer:
+    self.backward_fn = backward
+    return value
+  def backward(self, grad_output: LazyBuffer) -> tuple[LazyBuffer | None, ...]:
+    return tuple(grad if needed else None for grad, needed in zip(self.backward_fn(grad_output), self.needs_input_grad, strict=True))
+
 # ---- unary ----
 class Neg(Function):
   def forward(self, x: LazyBuffer) -> LazyBuffer: return x.alu(UnaryOps.NEG)

@@ -3,7 +3,7 @@ Movement/indexing lives in tensor_movement.py and network ops in tensor_nn.py (m
 """
 from __future__ import annotations
 import math
-from typing import Any, ClassVar, Iterable
+from typing import Any, Callable, ClassVar, Iterable, Sequence
 import numpy as np
 from tinyc.dtype import DType, dtypes, least_upper_dtype, least_upper_float, result_dtype_with_scalar
 from tinyc.helpers import prod
@@ -139,6 +139,16 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
       context.parents = tensors  # type: ignore[attr-defined]
       result._ctx = context
     return result
+
+  @staticmethod
+  def _composite(forward: Callable[..., Tensor], backward: Callable[..., Sequence[Tensor | None]], *inputs: Tensor) -> Tensor:
+    """forward(*inputs) as one op of the tape, differentiated by backward(grad_output, *inputs), which returns a gradient (or None) per
+    input. Both see the inputs detached, so neither records a graph of its own ops; like every gradient here, theirs have no graph."""
+    detached = [t.detach() for t in inputs]
+    def lazy_backward(grad_output: LazyBuffer) -> tuple[LazyBuffer | None, ...]:
+      grads = backward(Tensor(grad_output, device=grad_output.device), *detached)
+      return tuple(None if grad is None else grad.lazydata for grad in grads)
+    return Tensor._apply(F.Composite, *inputs, value=forward(*detached).lazydata, backward=lazy_backward)
 
   def _topological_order(self) -> list[Tensor]:
     order: list[Tensor] = []

@@ -1,5 +1,5 @@
 """Layer 6: Tensor ops for neural networks (a mixin of Tensor): matmul, convolution, pooling, activations. All are
-compositions of primitive ops, so they fuse and differentiate for free. Imports helpers, dtype.
+compositions of primitive ops, so they fuse and differentiate for free; conv2d gives its own backward. Imports helpers, dtype.
 """
 from __future__ import annotations
 import math
@@ -51,46 +51,63 @@ class NNMixin:
     for layer in layers: out = layer(out)
     return out
 
-  def conv2d(self, weight: Any, bias: Any | None = None, groups: int = 1, stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
+  def conv2d(self: Any, weight: Any, bias: Any | None = None, groups: int = 1, stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
              padding: int | Sequence[int] = 0) -> Any:
-    """Cross-correlation like torch.nn.functional.conv2d (any number of spatial dims), built from pooling views."""
-    x: Any = self
-    (batch, cin_total), (cout, cin), kernel = x.shape[:2], weight.shape[:2], weight.shape[2:]
-    if x.ndim != weight.ndim or groups * cin != cin_total or cout % groups:
-      raise RuntimeError(f"conv2d: input {x.shape} has {cin_total} channels, but weight {weight.shape} with groups={groups} expects "
+    """Cross-correlation like torch.nn.functional.conv2d (any number of spatial dims), built from pooling views, with its own backward."""
+    (batch, cin_total), (cout, cin), kernel = self.shape[:2], weight.shape[:2], weight.shape[2:]
+    if self.ndim != weight.ndim or groups * cin != cin_total or cout % groups:
+      raise RuntimeError(f"conv2d: input {self.shape} has {cin_total} channels, but weight {weight.shape} with groups={groups} expects "
                          f"{groups * cin} channels (and out channels divisible by groups): weight needs shape (out, in/groups, *kernel)")
     if isinstance(padding, int): pads = [padding] * (2 * len(kernel))
     elif len(padding) == 2 * len(kernel): pads = list(padding)
     else: pads = [p for p in padding[::-1] for _ in range(2)]
-    dtype = least_upper_dtype(x.dtype, weight.dtype)
-    x, weight = x.cast(_exact_products(dtype)), weight.cast(_exact_products(dtype))
-    windows = x.pad2d(pads)._pool(kernel, stride, dilation)  # (batch, cin_total, *out, *kernel)
-    out_dims, per_group = windows.shape[2:-len(kernel)], cout // groups
-    nd = len(out_dims)
-    windows = windows.reshape(batch, groups, cin, 1, *out_dims, *kernel).expand(batch, groups, cin, per_group, *out_dims, *kernel)
-    windows = windows.permute(0, 1, 3, *[4 + i for i in range(nd)], 2, *[4 + nd + i for i in range(len(kernel))])
-    product = windows * weight.reshape(1, groups, per_group, *[1] * nd, cin, *kernel)
-    result = product.sum(tuple(-1 - i for i in range(1 + len(kernel))), keepdim=True).reshape(batch, cout, *out_dims).cast(dtype)
+    nd, per_group, strides, dilations = len(kernel), cout // groups, _pair(stride, len(kernel)), _pair(dilation, len(kernel))
+    pairs = list(zip(pads[::2], pads[1::2]))[::-1]  # (before, after) per spatial dim, the first dim first
+    # per spatial dim, what the windows' starts range over; what stride leaves of it at the end is the gradient's output_padding
+    spans = [size + before + after - d * (k - 1) - 1 for size, (before, after), d, k in zip(self.shape[2:], pairs, dilations, kernel)]
+    out_dims = [span // s + 1 for span, s in zip(spans, strides)]
+    dtype = least_upper_dtype(self.dtype, weight.dtype)
+    def windows(x: Any) -> Any:  # (batch, groups, per_group, *out_dims, cin, *kernel): each output's window of its group's channels
+      pooled = x.cast(_exact_products(dtype)).pad2d(pads)._pool(kernel, stride, dilation).reshape(batch, groups, cin, 1, *out_dims, *kernel)
+      pooled = pooled.expand(batch, groups, cin, per_group, *out_dims, *kernel)
+      return pooled.permute(0, 1, 3, *[4 + i for i in range(nd)], 2, *[4 + nd + i for i in range(nd)])
+    def forward(x: Any, w: Any) -> Any:
+      product = windows(x) * w.cast(_exact_products(dtype)).reshape(1, groups, per_group, *[1] * nd, cin, *kernel)
+      return product.sum(tuple(range(-1 - nd, 0))).reshape(batch, cout, *out_dims).cast(dtype)
+    # as PyTorch: the input's gradient is a transposed convolution, one forward-style kernel; autograd through the pooling views would
+    # store every window's product (batch * cin * pixels * kernel elements) and then fold them back. The weight's is one reduce.
+    def backward(grad: Any, x: Any, w: Any) -> tuple[Any, Any]:
+      grad_pads = [((k - 1) * d - before, (k - 1) * d - after + span % s)
+                   for k, d, (before, after), span, s in zip(kernel, dilations, pairs, spans, strides)]
+      grad_x = grad._conv_transpose(w, groups, strides, dilations, grad_pads).cast(x.dtype) if self.requires_grad else None
+      product = windows(x) * grad.cast(_exact_products(dtype)).reshape(batch, groups, per_group, *out_dims, *[1] * (1 + nd))
+      grad_w = product.sum((0, *range(3, 3 + nd))).reshape(weight.shape).cast(w.dtype) if weight.requires_grad else None
+      return grad_x, grad_w
+    result = type(self)._composite(forward, backward, self, weight)
     return result if bias is None else result + bias.reshape(1, -1, *[1] * nd)
 
   def conv_transpose2d(self: Any, weight: Any, bias: Any | None = None, groups: int = 1, stride: int | Sequence[int] = 1,
                        dilation: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, output_padding: int | Sequence[int] = 0) -> Any:
-    """The gradient of conv2d with respect to its input, like torch.nn.functional.conv_transpose2d (weight: (in, out/groups, *kernel)):
-    spread the input out by `stride` with zeros, then a conv2d with the flipped, transposed kernel."""
-    kernel, trailing = weight.shape[2:], list(range(3, weight.ndim + 1))
+    """The gradient of conv2d with respect to its input, like torch.nn.functional.conv_transpose2d (weight: (in, out/groups, *kernel))."""
+    kernel = weight.shape[2:]
     if self.ndim != weight.ndim or self.shape[1] != weight.shape[0] or weight.shape[0] % groups:
       raise RuntimeError(f"conv_transpose2d: input {self.shape} and weight {weight.shape} do not fit (groups={groups}): weight needs shape "
                          f"(in, out/groups, *kernel) with in = {self.shape[1]}")
+    dilations, paddings, extras = _pair(dilation, len(kernel)), _pair(padding, len(kernel)), _pair(output_padding, len(kernel))
+    pads = [((k - 1) * d - p, (k - 1) * d - p + e) for k, d, p, e in zip(kernel, dilations, paddings, extras)]
+    return self._conv_transpose(weight, groups, _pair(stride, len(kernel)), dilations, pads, bias)
+  def _conv_transpose(self: Any, weight: Any, groups: int, strides: tuple[int, ...], dilations: tuple[int, ...], pads: list[tuple[int, int]],
+                      bias: Any | None = None) -> Any:
+    """Spread the input out by `strides` with zeros, pad each spatial dim by (before, after) (negative crops), then a conv2d with the
+    flipped, transposed kernel."""
+    trailing, x = list(range(3, weight.ndim + 1)), self
     w = weight.reshape(groups, weight.shape[0] // groups, *weight.shape[1:]).permute(0, 2, 1, *trailing).flip(trailing)
-    strides, x = _pair(stride, len(kernel)), self
     if any(s > 1 for s in strides):
       x = x.reshape(*x.shape[:2], *flatten((size, 1) for size in x.shape[2:]))
       x = x.pad(((0, 0), (0, 0), *flatten(((0, 0), (0, s - 1)) for s in strides)))
       x = x.reshape(*x.shape[:2], *[size * s for size, s in zip(x.shape[2::2], strides)])
       x = x.shrink(((0, x.shape[0]), (0, x.shape[1]), *[(0, size - (s - 1)) for size, s in zip(x.shape[2:], strides)]))
-    dilations, paddings, extras = _pair(dilation, len(kernel)), _pair(padding, len(kernel)), _pair(output_padding, len(kernel))
-    pads = flatten(((k - 1) * d - p, (k - 1) * d - p + e) for k, d, p, e in reversed(list(zip(kernel, dilations, paddings, extras))))
-    return x.conv2d(w.reshape(w.shape[0] * w.shape[1], *w.shape[2:]), groups=groups, bias=bias, dilation=dilation, padding=pads)
+    return x.conv2d(w.reshape(w.shape[0] * w.shape[1], *w.shape[2:]), groups=groups, bias=bias, dilation=dilations, padding=flatten(pads[::-1]))
 
   def max_pool2d(self: Any, kernel_size: int | Sequence[int] = (2, 2), stride: int | Sequence[int] | None = None,
                  dilation: int | Sequence[int] = 1) -> Any:
