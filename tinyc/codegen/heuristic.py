@@ -178,21 +178,28 @@ def _tensor_core_plan(kernel: Kernel) -> bool:
   (float32, ALLOW_TF32=1) takes 32 elements a trip too, 64 bytes of each row as for 16-bit floats: 112-172 TFLOP/s at 4096 against
   112-143 with 16 elements (cuBLAS TF32: 250-380)."""
   if not (operands := kernel.tensor_core_operands()): return False
-  trial = kernel.copy()
-  for position, axis in enumerate(trial.axes(AxisKind.GLOBAL) + trial.axes(AxisKind.REDUCE)):  # PADTO counts GLOBAL, then REDUCE axes
-    spanned_by = sum(not trial.broadcast_along(number, axis) for number in operands)
-    multiples = (32, 16) if trial.kinds[axis] is AxisKind.REDUCE and spanned_by == 2 else (128, 64, 16) if spanned_by == 1 else ()
-    if multiples and trial.full_shape[axis] % multiples[0]:  # M and N to whole work-group tiles where that wastes little, K to trips
-      any(_try(trial, Opt(OptOps.PADTO, position, amount)) for amount in multiples if trial.full_shape[axis] % amount)
-  if not (choices := trial.tensor_core_choices()): return False
-  m, n, k = choices[0]
+  def padded(chosen: set[int] | None) -> Kernel:  # M and N to whole work-group tiles where that wastes little, K to whole trips
+    trial = kernel.copy()
+    for position, axis in enumerate(trial.axes(AxisKind.GLOBAL) + trial.axes(AxisKind.REDUCE)):  # PADTO counts GLOBAL, then REDUCE axes
+      spanned_by = sum(not trial.broadcast_along(number, axis) for number in operands)
+      multiples = (32, 16) if trial.kinds[axis] is AxisKind.REDUCE and spanned_by == 2 else (128, 64, 16) if spanned_by == 1 else ()
+      if multiples and trial.full_shape[axis] % multiples[0] and (chosen is None or axis in chosen):
+        any(_try(trial, Opt(OptOps.PADTO, position, amount)) for amount in multiples if trial.full_shape[axis] % amount)
+    return trial
+  if not (choices := padded(None).tensor_core_choices()): return False
+  m, n, k = choices[0]  # then pad only these: another axis padded is work thrown away (a conv's rows, where its columns are N)
+  if (m, n, k) not in (choices := (trial := padded({m, n, k})).tensor_core_choices()): return False
   m_at, n_at, k_at = trial.axes(AxisKind.GLOBAL).index(m), trial.axes(AxisKind.GLOBAL).index(n), trial.axes(AxisKind.REDUCE).index(k)
-  if not any(_try(trial, Opt(OptOps.TC, 0, stages)) for stages in (3, 2)): return False
+  if not any(_try(trial, Opt(OptOps.TC, choices.index((m, n, k)), stages)) for stages in (3, 2)): return False
   _try(trial, Opt(OptOps.UNROLL, k_at, 2 if trial.bufs[operands[0]].dtype.itemsize == 2 else 4))  # 64 bytes of each row a trip
   for at, amounts in sorted(((m_at, (4, 2)), (n_at, (8, 4, 2))), reverse=True):  # the later axis first: its Opts leave the other's place
     global_count = len(trial.axes(AxisKind.GLOBAL))
     any(_try(trial, Opt(OptOps.UPCAST, at, amount)) for amount in amounts)
     if len(trial.axes(AxisKind.GLOBAL)) == global_count: _try(trial, Opt(OptOps.LOCAL, at, 2))
+  # where M and N are short (a conv's channels and columns), more warps along another axis one operand spans (the conv's rows)
+  for axis in reversed(trial.axes(AxisKind.GLOBAL)):
+    if trial.local_size < 4 * 32 and sum(not trial.broadcast_along(number, axis) for number in operands) == 1:
+      any(_try(trial, Opt(OptOps.LOCAL, axis, amount)) for amount in (4, 2) if amount * trial.local_size <= 4 * 32)
   for opt in trial.applied_opts[len(kernel.applied_opts):]: kernel.apply_opt(opt)
   return True
 
