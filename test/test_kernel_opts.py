@@ -353,6 +353,14 @@ def test_heuristic_gives_a_conv_64_accumulators_a_thread_on_a_gpu():
   kernel, _ = heuristic(Tensor.empty(512, 64) @ Tensor.empty(64, 512))  # one reduce axis: a matmul keeps its 4 x 4 tile
   assert kernel.size_of(U) == 16
 
+def test_heuristic_puts_a_16_bit_conv_on_4_warps_of_tensor_cores_without_padding():
+  x, w = Tensor.empty(64, 64, 56, 56, dtype=dtypes.float16), Tensor.empty(64, 64, 3, 3, dtype=dtypes.float16)
+  h200 = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST, tensor_cores=True, local_memory_bytes=227 * 1024)
+  kernel, ops = heuristic(x.conv2d(w, padding=1), h200)
+  # M: the 64 output channels, N: the 56 columns (7 tiles of 8); the rows are not padded to whole tiles with them (work thrown
+  # away), and give the 4 warps
+  assert OptOps.TC in ops and OptOps.PADTO not in ops and kernel.local_size == 4 * 32, kernel.applied_opts
+
 def test_heuristic_groups_a_long_row_sum_on_a_gpu():
   kernel, ops = heuristic(Tensor.empty(64, 4096).sum(1))
   assert OptOps.GROUP in ops and len(kernel.axes(GR)) == 1 and kernel.local_size >= 16
