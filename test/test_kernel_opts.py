@@ -361,6 +361,16 @@ def test_heuristic_puts_a_16_bit_conv_on_4_warps_of_tensor_cores_without_padding
   # away), and give the 4 warps
   assert OptOps.TC in ops and OptOps.PADTO not in ops and kernel.local_size == 4 * 32, kernel.applied_opts
 
+def test_heuristic_fills_a_conv_weight_gradients_work_group_to_a_warp_with_a_group():
+  x, w = Tensor.empty(8, 64, 28, 28), Tensor.empty(64, 64, 3, 3)
+  w.requires_grad = True
+  (x.conv2d(w, padding=1) * Tensor.empty(8, 64, 28, 28)).sum().backward()
+  assert w.grad is not None
+  kernel = Kernel(kernel_asts(w.grad)[0], KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST))  # (on a GPU device: split-K's parts)
+  ops = [opt.op for opt in hand_coded_optimizations(kernel)]
+  # LOCAL along the 3 x 3 window alone makes 9 threads; the columns' reduce, shared by a GROUP, makes them 9 x 7
+  assert OptOps.GROUP in ops and kernel.local_size >= 32, kernel.applied_opts
+
 def test_heuristic_groups_a_long_row_sum_on_a_gpu():
   kernel, ops = heuristic(Tensor.empty(64, 4096).sum(1))
   assert OptOps.GROUP in ops and len(kernel.axes(GR)) == 1 and kernel.local_size >= 16
