@@ -307,9 +307,11 @@ def test_conv2d_gradients_are_one_reduce_kernel_each(dtype):
   for leaf in (x, w):
     assert leaf.grad is not None and leaf.grad.dtype == dtype
     items = [item for item in create_schedule([leaf.grad.lazydata]) if item.ast.op not in LoadOps]
-    assert len(items) == 1, f"{len(items)} kernels for {leaf.shape}'s gradient"
-    assert any(op.op in ReduceOps for op in _ast_ops(items[0].ast)), "the kernel has no reduce"
-    assert all(prod(out.shape) <= x.numel() for out in items[0].outs), [out.shape for out in items[0].outs]
+    reduces = [item for item in items if any(op.op in ReduceOps for op in _ast_ops(item.ast))]
+    assert len(reduces) == 1, f"{len(reduces)} reduce kernels for {leaf.shape}'s gradient"
+    assert all(prod(out.shape) <= x.numel() for item in items for out in item.outs), [out.shape for item in items for out in item.outs]
+    # besides it, only a 16-bit input gradient's operands copied channels-last (the gradient and the weight: tensor_nn._channels_last)
+    assert len(items) == (3 if dtype != dtypes.float32 and leaf is x else 1), f"{len(items)} kernels for {leaf.shape}'s gradient"
 
 def _ast_ops(ast):
   yield ast

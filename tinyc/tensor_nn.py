@@ -68,11 +68,14 @@ class NNMixin:
     out_dims = [span // s + 1 for span, s in zip(spans, strides)]
     dtype = least_upper_dtype(self.dtype, weight.dtype)
     def windows(x: Any) -> Any:  # (batch, groups, per_group, *out_dims, cin, *kernel): each output's window of its group's channels
-      pooled = x.cast(_exact_products(dtype)).pad2d(pads)._pool(kernel, stride, dilation).reshape(batch, groups, cin, 1, *out_dims, *kernel)
+      pooled = x.cast(_exact_products(dtype)).pad2d(pads)._pool(kernel, stride, dilation)
+      pooled = pooled.reshape(batch, groups, cin, 1, *out_dims, *kernel)
       pooled = pooled.expand(batch, groups, cin, per_group, *out_dims, *kernel)
       return pooled.permute(0, 1, 3, *[4 + i for i in range(nd)], 2, *[4 + nd + i for i in range(nd)])
     def forward(x: Any, w: Any) -> Any:
-      product = windows(x) * w.cast(_exact_products(dtype)).reshape(1, groups, per_group, *[1] * nd, cin, *kernel)
+      # (16-bit operands channels-last for the tensor cores; the weight gradient reads the input as it is, its other operand is a gradient)
+      weights = _channels_last(w, dtype).cast(_exact_products(dtype)).reshape(1, groups, per_group, *[1] * nd, cin, *kernel)
+      product = windows(_channels_last(x, dtype)) * weights
       return product.sum(tuple(range(-1 - nd, 0))).reshape(batch, cout, *out_dims).cast(dtype)
     # as PyTorch: the input's gradient is a transposed convolution, one forward-style kernel; autograd through the pooling views would
     # store every window's product (batch * cin * pixels * kernel elements) and then fold them back. The weight's is one reduce.
@@ -207,6 +210,13 @@ class NNMixin:
     scaled = self * beta  # maximum (not relu) splits its gradient at 0, which makes the slope there sigmoid(0) = 1/2
     return (scaled.maximum(0) + (-scaled.abs()).exp().add(1).log()) * (1 / beta)
   def softsign(self: Any) -> Any: return self / (1 + self.abs())
+
+def _channels_last(x: Any, dtype: DType) -> Any:
+  """A 16-bit conv's operand stored with its channels innermost (as cuDNN does for tensor cores): the reduce over the channels reads
+  16-byte rows, at 16-byte aligned places whatever the window's offset, where NCHW rows along the image start 2 bytes apart."""
+  if dtype not in (dtypes.float16, dtypes.bfloat16): return x
+  inner = list(range(2, x.ndim)) + [1]
+  return x.permute(0, *inner).contiguous().permute(0, x.ndim - 1, *range(1, x.ndim - 1))
 
 def _exact_products(dtype: DType) -> DType:
   """What a matmul or convolution multiplies in: float32 for 16-bit floats, as PyTorch and the tensor cores do (their products are
