@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from tinyc import Tensor, dtypes
-from tinyc.device import Buffer, Device
+from tinyc.device import Buffer, Device, count_flops
 from tinyc.helpers import Context, prod
 from tinyc.ops import BinaryOps, LoadOps, LazyOp
 from tinyc.realize import run_schedule
@@ -265,6 +265,7 @@ def test_a_cpu_reduce_packs_the_lanes_of_an_axis_an_input_is_contiguous_along_in
   assert {uop.arg for uop in uops if uop.op is UOps.ALU and uop.dtype == vector} == {BinaryOps.MUL, BinaryOps.ADD}
   assert not [uop for uop in uops if uop.op is UOps.ALU and uop.dtype == dtypes.float32], "no scalar float math is left"
   assert "fmul reassoc contract nsz <16 x float>" in render_llvm("kernel", uops)
+  assert count_flops(uops) == 2 * 64 ** 3, "a multiply and an add for each product, a vector's lanes each"
 
 # ---- 3. running hand-picked Opts on every device ----
 
