@@ -11,10 +11,11 @@ Where no input is contiguous along the output's contiguous axis (a.T @ b.T), the
 contiguous along (a.T's rows) and a broadcast axis (the stored columns): 16 x 8 lanes at 1024, 8 x 10 at 1000. LLVM's SLP
 vectorizer packs lanes by the stores they reach and made such a tile scalar multiplies (16 x 8: 0.08x numpy at 1024), so the
 linearizer packs a CPU reduce's lanes into vectors itself (codegen/packing.py): the inner loop is one vector load of a.T and 8
-FMAs with a broadcast element of b. Measured on the 2-core Zen 4 guest, two threads against numpy's two in one process: a.T @ b.T
-at 1024 from 0.27x (52 GFLOP/s, 64 lanes along a.T's rows alone) to 0.40x (77), at 1000 from 0.26x (53) to 0.40x (84), as fast as
-a @ b in the same runs (0.40x; numpy ran faster than when the figures below were taken). A 32 x 8 tile (16 registers of
-accumulators) ran a @ b at 0.47x and a.T @ b.T at 0.49-0.55x against 0.38x for 16 x 8: not taken yet, untried on conv and AVX2.
+FMAs with a broadcast element of b. Measured with bench_core's layout table on the 2-core Zen 4 guest (two threads against numpy's
+two): a.T @ b.T at 1024 from 0.27x (51 GFLOP/s; 64 lanes along a.T's rows alone) to 0.79x (145), at 1000 from 0.25x (51) to 0.72x
+(143), beside a @ b's 0.74x and 0.69x; the CNN train step 17-20 -> 13-14 ms (its conv input gradient is packed too). A 32 x 8 tile
+(16 registers of accumulators) ran a @ b at 0.47x and a.T @ b.T at 0.49-0.55x against 0.38x for 16 x 8 in a busier hour: not
+taken yet, untried on conv and AVX2.
 The tile of a broadcast axis reaches 8 vector registers of accumulators (`vector_lanes`, 16 with AVX-512): measured on the
 2-core Zen 4 guest against numpy, 16 x 8 lanes lift a @ b at 1024 from 0.39x to 0.70x and a.T @ b from 0.27x to 0.61x (16 x 4
 before), 8 x 10 lanes a @ b at 1000 from 0.58x to 0.78x; the CNN train step 30.5 -> 25.0 ms; compiling a matmul takes 0.14 s
