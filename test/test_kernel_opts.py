@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from tinyc import Tensor, dtypes
-from tinyc.device import Buffer, Device
+from tinyc.device import Buffer, Device, count_flops
 from tinyc.helpers import Context, prod
 from tinyc.ops import BinaryOps, LoadOps, LazyOp
 from tinyc.realize import run_schedule
@@ -16,6 +16,8 @@ from tinyc.codegen.cstyle import render_cuda, render_opencl
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.kernel import GPU_MAX_UPCAST, AxisKind, Kernel, KernelOptError, KernelTarget, Opt, OptOps
 from tinyc.codegen.linearizer import Linearizer
+from tinyc.codegen.llvmir import render_llvm
+from tinyc.codegen.uops import UOps
 
 G, L, U, GR, R, UN = AxisKind.GLOBAL, AxisKind.LOCAL, AxisKind.UPCAST, AxisKind.GROUP, AxisKind.REDUCE, AxisKind.UNROLL
 
@@ -253,6 +255,18 @@ def test_rendered_cuda_compiles_with_nvrtc():
     ptx = compile_cuda(name, sources(optimized(program(), opts))[0], "sm_90", "ptx")
     assert b".entry kernel" in ptx, f"no kernel entry in the PTX of {name}"
 
+def test_a_cpu_reduce_packs_the_lanes_of_an_axis_an_input_is_contiguous_along_into_vectors():
+  a, b = Tensor.empty(64, 64, device="LLVM"), Tensor.empty(64, 64, device="LLVM")
+  kernel = optimized(a.T @ b.T, [Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.UPCAST, 1, 4)], KernelTarget())  # 16 rows of a.T x 4 stored columns
+  uops = Linearizer(kernel).linearize()
+  vector = dtypes.float32.vec(16)
+  assert [uop.dtype for uop in uops if uop.op is UOps.DEFINE_ACC] == [vector] * 4, "an accumulator a column, a vector along the rows"
+  assert len([uop for uop in uops if uop.op is UOps.LOAD and uop.dtype == vector and uop.src[0].op is UOps.DEFINE_GLOBAL]) == 1, "of a.T"
+  assert {uop.arg for uop in uops if uop.op is UOps.ALU and uop.dtype == vector} == {BinaryOps.MUL, BinaryOps.ADD}
+  assert not [uop for uop in uops if uop.op is UOps.ALU and uop.dtype == dtypes.float32], "no scalar float math is left"
+  assert "fmul reassoc contract nsz <16 x float>" in render_llvm("kernel", uops)
+  assert count_flops(uops) == 2 * 64 ** 3, "a multiply and an add for each product, a vector's lanes each"
+
 # ---- 3. running hand-picked Opts on every device ----
 
 def realized(*shape: int, seed: int, low: float = -1.0, high: float = 1.0) -> tuple[np.ndarray, Tensor]:
@@ -315,6 +329,23 @@ def test_packed_16_bit_lanes_keep_every_value(lanes, tinyc_device):
     one_by_one = run_with_opts(t * 3 + 1, []).astype(np.float32)
     np.testing.assert_array_equal(run_with_opts(t * 3 + 1, [Opt(OptOps.UPCAST, 0, lanes)]).astype(np.float32), one_by_one)
     np.testing.assert_allclose(one_by_one, (torch.tensor(x).to(torch_dtype) * 3 + 1).float().numpy(), rtol=1e-2)
+
+PACKED = {  # reduces whose lanes along an input's contiguous axis a CPU packs into vectors: (program, opts, numpy)
+  "matmul TT unrolled": (lambda x, i: x[:24].T @ x[:16, :24].T, [Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UNROLL, 0, 4)],
+                         lambda x, i: x[:24].T @ x[:16, :24].T),
+  "max of negatives": (lambda x, i: (x - 5).max(0), [Opt(OptOps.UPCAST, 0, 8)], lambda x, i: (x - 5).max(0)),
+  "int sum": (lambda x, i: i.sum(0), [Opt(OptOps.UPCAST, 0, 16)], lambda x, i: i.sum(0)),
+  "bool count and cast": (lambda x, i: ((x > 0).int() * i).sum(0) + (x.exp() * i.float()).sum(0), [Opt(OptOps.UPCAST, 0, 8)],
+                          lambda x, i: ((x > 0) * i).sum(0) + (np.exp(x) * i).sum(0)),
+  "padded lanes": (lambda x, i: x.pad(((0, 0), (3, 5))).sum(0), [Opt(OptOps.UPCAST, 0, 8)], lambda x, i: np.pad(x, ((0, 0), (3, 5))).sum(0)),
+}
+
+@pytest.mark.parametrize("name", PACKED)
+def test_reduces_with_packed_lanes_match_numpy(name, tinyc_device):
+  (x, tx), i = realized(32, 32, seed=9), np.random.default_rng(10).integers(-50, 50, size=(32, 32), dtype=np.int32)
+  program, opts, reference = PACKED[name]
+  out = program(tx, Tensor(i).realize())
+  np.testing.assert_allclose(run_with_opts(out, opts), reference(x, i), rtol=1e-4, atol=1e-4)
 
 # ---- 4. the hand-coded heuristic ----
 
@@ -402,12 +433,13 @@ def test_heuristic_on_a_cpu_tiles_two_different_axes_when_llvm_vectorizes_the_re
   kernel, ops = heuristic(a @ b, KernelTarget())
   assert ops == [OptOps.UPCAST, OptOps.UPCAST] and kernel.full_shape[:2] == (16, 16) and kernel.size_of(U) == 16, kernel.full_shape
 
-@pytest.mark.parametrize("size, lanes", [(1024, (64,)), (1000, (8, 5)), (40, (8, 5))])
-def test_heuristic_on_a_cpu_vectorizes_along_an_input_when_none_runs_along_the_output(size, lanes):
+@pytest.mark.parametrize("size, vector_lanes, lanes", [(1024, 16, (16, 8)), (1024, 8, (16, 4)), (1000, 16, (8, 10)), (40, 8, (8, 8))])
+def test_heuristic_on_a_cpu_vectorizes_along_an_input_when_none_runs_along_the_output(size, vector_lanes, lanes):
   a, b = layouts(size)["TT"]  # a.T is contiguous along the rows, b.T along the reduce, the output along the columns
-  kernel, _ = heuristic(a @ b, KernelTarget())
-  assert kernel.full_shape[-len(lanes):] == lanes and kernel.size_of(U) == prod(lanes), kernel.full_shape
-  assert strides(kernel, 1)[-len(lanes)] == 1, "the first lanes are neighbours in a.T: LLVM loads them as one vector"
+  kernel, _ = heuristic(a @ b, KernelTarget(vector_lanes=vector_lanes))
+  assert kernel.full_shape[-2:] == lanes and kernel.size_of(U) == prod(lanes), kernel.full_shape
+  assert strides(kernel, 1)[-2] == 1, "the first lanes are neighbours in a.T: one vector load"
+  assert strides(kernel, 1)[-1] == 0, "then a tile of columns, which reuses it"
 
 def test_heuristic_on_a_cpu_vectorizes_an_output_width_that_4_does_not_divide(tinyc_device):
   # found by conv2d's input gradient in the CNN train step: its 26 pixels wide rows got no Opt at all (42 ms; 2 lanes, then 8 output

@@ -195,8 +195,8 @@ def lower(kernel: Kernel, threads: bool, max_local: int) -> LoweredKernel:
   return LoweredKernel(uops, global_size, local_size, count_flops(uops), mem_bytes)
 
 def count_flops(uops: list[UOp]) -> int:
-  """A kernel's float operations: each float ALU op counts once per iteration of its loops."""
-  alu = executed(uops, lambda uop: uop.op is UOps.ALU and uop.dtype is not None and dtypes.is_float(uop.dtype))
+  """A kernel's float operations: each float ALU op (each lane of a vector) counts once per iteration of its loops."""
+  alu = executed(uops, lambda uop: uop.op is UOps.ALU and uop.dtype is not None and dtypes.is_float(uop.dtype.scalar()))
   def mmas_of(dtype: DType) -> Callable[[UOp], bool]: return lambda uop: uop.op is UOps.WMMA and uop.arg == dtype
   return alu + sum(mma_flops_per_thread(dtype) * executed(uops, mmas_of(dtype)) for dtype in {uop.arg for uop in uops if uop.op is UOps.WMMA})
 

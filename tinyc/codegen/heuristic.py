@@ -7,12 +7,15 @@ the reduce loop). Upcasting the output's contiguous axis by 16 and a broadcast a
 16 lanes become vector FMAs, each load of the other operand is reused 16 times); a 4x4 tile of two broadcast axes lifts
 a @ b.T to 180 GFLOP/s (on a 2-core Zen 4 guest, one thread against numpy's one, at 1024: 93 GFLOP/s, 0.94x numpy, where
 16 lanes of one axis ran 28, 0.29x).
-Where no input is contiguous along the output's contiguous axis and an input walks the reduce with a stride (a.T @ b.T), the
-lanes go along an axis that input is contiguous along, as many as fit (64 at 1024; 8 x 5 at 1000), and along no second axis:
-LLVM's SLP vectorizer packs lanes by the stores they reach, so a tile whose other axis is the stored one turns into scalar
-multiplies (a 16 x 4 tile: 0.11x numpy at 1024, one thread). At 1024 a.T @ b.T went from 0.9 GFLOP/s (0.01x) to 24 (0.26x; two
-threads 0.3-0.4x); what is left is each column's pass over a 64-float strip of a.T, strided by 4 KB (the rows of a power of
-two alias in the caches), which a tile over several columns would share.
+Where no input is contiguous along the output's contiguous axis (a.T @ b.T), the same tile goes along an axis an input is
+contiguous along (a.T's rows) and a broadcast axis (the stored columns): 16 x 8 lanes at 1024, 8 x 10 at 1000. LLVM's SLP
+vectorizer packs lanes by the stores they reach and made such a tile scalar multiplies (16 x 8: 0.08x numpy at 1024), so the
+linearizer packs a CPU reduce's lanes into vectors itself (codegen/packing.py): the inner loop is one vector load of a.T and 8
+FMAs with a broadcast element of b. Measured with bench_core's layout table on the 2-core Zen 4 guest (two threads against numpy's
+two): a.T @ b.T at 1024 from 0.27x (51 GFLOP/s; 64 lanes along a.T's rows alone) to 0.79x (145), at 1000 from 0.25x (51) to 0.72x
+(143), beside a @ b's 0.74x and 0.69x; the CNN train step 17-20 -> 13-14 ms (its conv input gradient is packed too). A 32 x 8 tile
+(16 registers of accumulators) ran a @ b at 0.47x and a.T @ b.T at 0.49-0.55x against 0.38x for 16 x 8 in a busier hour: not
+taken yet, untried on conv and AVX2.
 The tile of a broadcast axis reaches 8 vector registers of accumulators (`vector_lanes`, 16 with AVX-512): measured on the
 2-core Zen 4 guest against numpy, 16 x 8 lanes lift a @ b at 1024 from 0.39x to 0.70x and a.T @ b from 0.27x to 0.61x (16 x 4
 before), 8 x 10 lanes a @ b at 1000 from 0.58x to 0.78x; the CNN train step 30.5 -> 25.0 ms; compiling a matmul takes 0.14 s
@@ -30,7 +33,7 @@ stores, and the runtime's work-group size.
 from __future__ import annotations
 from tinyc.helpers import NOOPT
 from tinyc.ops import MemBuffer
-from tinyc.codegen.kernel import MAX_UPCAST, AxisKind, Kernel, KernelOptError, Opt, OptOps
+from tinyc.codegen.kernel import AxisKind, Kernel, KernelOptError, Opt, OptOps
 
 def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   """Apply the heuristic's Opts to `kernel` and return them (none with NOOPT=1)."""
@@ -52,18 +55,14 @@ def _cpu_optimizations(kernel: Kernel, inputs: list[int]) -> None:
     if (first := _try_upcast(kernel, _broadcast_axes(kernel, inputs), (4,))) is not None:
       _try_upcast(kernel, [axis for axis in _broadcast_axes(kernel, inputs) if axis < first], (4,))
     return
-  # vectorize across the output's contiguous axis, then reuse each vector load across a tile of an axis it is broadcast along
+  # vectorize across the output's contiguous axis, then reuse each vector load across a tile of an axis it is broadcast along.
+  # Where no input runs along the output, across an axis that an input walking the reduce with a stride is contiguous along
+  # instead (the linearizer packs the reduce's lanes into vectors along it)
   contiguous = [axis for axis in kernel.axes(AxisKind.GLOBAL)
                 if _strides(kernel, 0)[axis] == 1 and any(_strides(kernel, i)[axis] == 1 for i in inputs)]
   if not contiguous:
-    # no input runs along the output: vector loads along an axis that an input walking the reduce with a stride is contiguous
-    # along, as wide as the lanes allow, and no second axis (LLVM's SLP would pack lanes along the stored axis instead)
     strided = [i for i in inputs if _strides(kernel, i)[innermost_reduce] not in (0, 1)]
-    along = [axis for axis in kernel.axes(AxisKind.GLOBAL) if any(_strides(kernel, i)[axis] == 1 for i in strided)]
-    most = min(MAX_UPCAST, kernel.target.max_upcast)
-    if (axis := _try_upcast(kernel, along, tuple(a for a in (64, 32, 16, 8, 4) if a <= most))) is not None and kernel.full_shape[axis] > 1:
-      _try_upcast(kernel, [axis], tuple(range(most // kernel.upcast_size, 1, -1)))  # the rest of the lanes (1000 rows: 8, then 5)
-    return
+    contiguous = [axis for axis in kernel.axes(AxisKind.GLOBAL) if any(_strides(kernel, i)[axis] == 1 for i in strided)]
   if _try_upcast(kernel, contiguous, (16, 8, 4, 0, 2)) is None: return
   vector_loaded = [i for i in inputs if _strides(kernel, i)[-1] == 1]
   lanes_left = min(8 * kernel.target.vector_lanes, kernel.target.max_upcast) // kernel.upcast_size  # 8 registers of accumulators

@@ -15,8 +15,9 @@ from tinyc.shape.shapetracker import flatten_node
 from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, simplify_given_valid
 from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel
 from tinyc.codegen.uops import (PACKED_16_BIT, PYTHON_ALU, VECTOR_WIDTH, Fragment, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind,
-                               UOp, UOps, cast_python_value)
+                               UOp, UOps, cast_python_value, without_unused)
 from tinyc.codegen.tiles import Tile, copy_tiles, define_tile, load_tiles, store_tiles
+from tinyc.codegen.packing import LOADED_DTYPES, pack, packed_axis
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
 IDENTITY = {BinaryOps.ADD: 0, BinaryOps.MUL: 1}
@@ -32,9 +33,11 @@ class Scope:
   tile_stage: Node | None = None
 
 class Lanes(NamedTuple):
-  """The lanes of one computation: each lane's index of every axis, laid out row-major over `sizes` (one size a lane axis)."""
+  """The lanes of one computation: each lane's index of every axis, laid out row-major over `sizes` (one size a lane axis);
+  `packed`: the position in `sizes` of the axis whose lanes a CPU reduce packs into vectors (packing.py), if any."""
   idxs: list[list[Node]]
   sizes: list[int]
+  packed: int | None = None
 
 # the rule of a Node type for Node.render: (node, rules, linearizer) -> its UOp. `a <op> b` with a number b is one ALU UOp (of
 # the index dtype unless `dtype` is given); a SumNode or AndNode folds its terms with `op`
@@ -134,11 +137,11 @@ class Linearizer:
     index_uop, gate = self.access(index, valid)
     return self.uop(UOps.LOAD, dtype, (memory, index_uop) + gate)
 
-  def read(self, memory: UOp, sizes: list[int], addresses: list[Address], dtype: DType) -> list[UOp]:
+  def read(self, memory: UOp, sizes: list[int], addresses: list[Address], dtype: DType, packed: int | None = None) -> list[UOp]:
     """Each lane's element of `memory` (lanes laid out as `sizes`) as `dtype`: vector loads where vector_groups finds them, else one by one."""
     memory_dtype = cast(DType, memory.dtype)
     values: list[UOp | None] = [None] * len(addresses)
-    for group, start in self.vector_groups(memory_dtype, sizes, addresses):
+    for group, start in self.vector_groups(memory_dtype, sizes, addresses, packed):
       vector = self.uop(UOps.LOAD, memory_dtype.vec(len(group)), (memory, self.index(start)))
       for lane_number, lane in enumerate(group): values[lane] = self.uop(UOps.GEP, memory_dtype, (vector,), lane_number)
     return [self.cast(value if value is not None else self.load(memory, *address), dtype) for value, address in zip(values, addresses)]
@@ -156,17 +159,19 @@ class Linearizer:
       index_uop, gate = self.access(index, valid)
       self.uop(UOps.STORE, None, (memory, index_uop, self.cast(value, dtype)) + gate, pure=False)
 
-  def vector_groups(self, dtype: DType, sizes: list[int], addresses: list[Address]) -> list[tuple[list[int], Node]]:
-    """Groups of lanes (laid out as `sizes`) at neighbouring valid addresses from an aligned index, with that index: each is one
-    load or store. Only on GPUs, along one upcast axis: VECTOR_WIDTH lanes of a 4-byte type (16 bytes), or 8, 4 or 2 lanes of a
-    16-bit float (16, 8 or 4 bytes: a thread's two columns of a tensor-core tile are stored as one 4-byte word)."""
-    widths = (VECTOR_WIDTH,) if dtype in (dtypes.float32, dtypes.int32, dtypes.uint32) else (8, 4, 2) if dtype in PACKED_16_BIT else ()
-    for width in widths if self.threads else ():
-      for position, size in enumerate(sizes):
-        if size % width: continue
-        stride = prod(sizes[position + 1:])
-        groups = [[first + i * stride for i in range(width)] for first in range(len(addresses)) if (first // stride) % width == 0]
-        if all(_neighbours(addresses, group) for group in groups): return [(group, addresses[group[0]][0]) for group in groups]
+  def vector_groups(self, dtype: DType, sizes: list[int], addresses: list[Address], packed: int | None = None) -> list[tuple[list[int], Node]]:
+    """Groups of lanes (laid out as `sizes`) at neighbouring valid addresses, with the first one's index: each is one load or store.
+    On GPUs along one upcast axis, from an aligned index: VECTOR_WIDTH lanes of a 4-byte type (16 bytes), or 8, 4 or 2 lanes of a
+    16-bit float (16, 8 or 4 bytes: a thread's two columns of a tensor-core tile are stored as one 4-byte word). On CPUs all the
+    lanes of the `packed` axis (see packing.py), from any index."""
+    if self.threads:
+      widths = (VECTOR_WIDTH,) if dtype in (dtypes.float32, dtypes.int32, dtypes.uint32) else (8, 4, 2) if dtype in PACKED_16_BIT else ()
+      choices = [(position, width) for width in widths for position, size in enumerate(sizes) if size % width == 0]
+    else: choices = [(packed, sizes[packed])] if packed is not None and dtype in LOADED_DTYPES else []
+    for position, width in choices:
+      stride = prod(sizes[position + 1:])
+      groups = [[first + i * stride for i in range(width)] for first in range(len(addresses)) if (first // stride) % width == 0]
+      if all(_neighbours(addresses, group, aligned=self.threads) for group in groups): return [(group, addresses[group[0]][0]) for group in groups]
     return []
 
   # ---- the AST -> UOps ----
@@ -180,7 +185,7 @@ class Linearizer:
       if (tile := self.tiles.get(buf)) is not None:
         assert scope.tile_stage is not None, "a staged buffer is read inside its reduce loop"
         return self.read(tile.memory, lanes.sizes, [(tile.index(idxs, scope.tile_stage), NumNode(1)) for idxs in lanes.idxs], buf.dtype)
-      return self.read(self.globals[buf.idx], lanes.sizes, [st.expr_idxs(idxs) for idxs in lanes.idxs], buf.dtype)
+      return self.read(self.globals[buf.idx], lanes.sizes, [st.expr_idxs(idxs) for idxs in lanes.idxs], buf.dtype, lanes.packed)
     if node.op in ReduceOps:
       if node not in scope.reduced: self.reduce(node, scope)  # a reduce that depends on an axis bound here and no further out
       key_axes, results = scope.reduced[node]
@@ -210,6 +215,7 @@ class Linearizer:
       self.open_ifs.append(self.open_if(self.group_member() < 1))
     for store in singles: self.store(store, top)
     for block in reversed(global_loops + self.open_ifs): self.end(block)
+    self.uops = without_unused(self.uops)  # such as the scalar lanes packed into vectors
     if DEBUG >= 5: print("\n".join(map(str, self.uops)))
     return self.uops
 
@@ -282,7 +288,11 @@ class Linearizer:
     grouped, looped, unrolled = ([axis for axis in kernel.axes(kind) if number in kernel.owners[axis]] for kind in REDUCE_SIDE)
     key_axes = [axis for axis in outer.lane_axes if axis in self.value_axes(reduceop)]  # an accumulator for each of their lanes
     keys = list(itertools.product(*[range(kernel.full_shape[axis]) for axis in key_axes]))
-    accs = self.define_accs(reduceop, len(keys))
+    # on a CPU the lanes of one key axis may share an accumulator, a vector (packing.py): accumulators are keyed by the other axes
+    packed = None if self.threads else packed_axis(kernel, reduceop, key_axes)
+    acc_axes = [axis for axis in key_axes if axis != packed]
+    acc_keys = list(itertools.product(*[range(kernel.full_shape[axis]) for axis in acc_axes]))
+    accs = self.define_accs(reduceop, len(acc_keys), kernel.full_shape[packed] if packed is not None else 1)
     scope = Scope(outer.bound | {axis: self.thread_idxs[axis] for axis in grouped}, sorted(key_axes + unrolled), dict(outer.reduced))
     tensor_cores, stages = bool(kernel.axes(AxisKind.TC)), kernel.tile_stages
     if tensor_cores:  # the first stages - 1 trips' tiles, before the loops
@@ -301,13 +311,21 @@ class Linearizer:
     if kernel.axes(AxisKind.TC): self.mma(scope, accs, keys, key_axes)
     else:
       lanes = self.lanes(scope)
+      if packed is not None: lanes = lanes._replace(packed=scope.lane_axes.index(packed))
       values = self.parse(reduceop.src[0], lanes, scope)
+      steps: dict[tuple[int, ...], tuple[UOp, list[UOp]]] = {}  # (accumulator, lanes along the packed axis) of each unrolled step
       for idxs, value in zip(lanes.idxs, values):
-        self.accumulate(op, accs[keys.index(tuple(cast(NumNode, idxs[axis]).b for axis in key_axes))], value)
+        at = {axis: cast(NumNode, idxs[axis]).b for axis in scope.lane_axes}
+        acc = accs[acc_keys.index(tuple(at[axis] for axis in acc_axes))]
+        steps.setdefault(tuple(at[axis] for axis in scope.lane_axes if axis != packed), (acc, []))[1].append(value)
+      for acc, step in steps.values(): self.accumulate(op, acc, pack(self.uop, step))
     if self.tiles and not tensor_cores: store_tiles(self, upcoming)  # into the other tile, which every thread read before the last barrier
     for loop in reversed(loops): self.end(loop)
     if tensor_cores: self.uop(UOps.ASYNC_WAIT, None, (), 0, pure=False)  # no copy left running (they were for trips past the last)
-    partials = [self.uop(UOps.LOAD, reduceop.dtype, (acc,), pure=False) for acc in accs]
+    partials = [self.uop(UOps.LOAD, acc.dtype, (acc,), pure=False) for acc in accs]
+    if packed is not None:  # each key's lane of its accumulator
+      partials = [self.uop(UOps.GEP, reduceop.dtype, (partials[acc_keys.index(tuple(key[key_axes.index(axis)] for axis in acc_axes))],),
+                           key[key_axes.index(packed)]) for key in keys]
     if grouped:
       last = reduceop is kernel.reduceops[-1] and all(other in outer.reduced for other in kernel.reduceops[:-1])
       partials = self.group_reduce(reduceop, partials, everyone=bool(self._open_loops) or not last or kernel.stores_rows)
@@ -405,16 +423,19 @@ class Linearizer:
     self._scopes.append([])
     return block
 
-  def define_accs(self, reduceop: LazyOp, count: int) -> list[UOp]:
+  def define_accs(self, reduceop: LazyOp, count: int, width: int = 1) -> list[UOp]:
+    """`count` accumulators for the reduce, each a vector of `width` lanes if it is over 1."""
     start = cast_python_value({ReduceOps.SUM: 0, ReduceOps.MAX: dtypes.min(reduceop.dtype)}[cast(ReduceOps, reduceop.op)], reduceop.dtype)
-    return [self.uop(UOps.DEFINE_ACC, reduceop.dtype, (), start, pure=False) for _ in range(count)]
+    dtype = reduceop.dtype.vec(width) if width > 1 else reduceop.dtype
+    return [self.uop(UOps.DEFINE_ACC, dtype, (), start, pure=False) for _ in range(count)]
 
   def accumulate(self, op: ReduceOps, acc: UOp, value: UOp) -> None:
     current = self.uop(UOps.LOAD, acc.dtype, (acc,), pure=False)
     self.uop(UOps.STORE, None, (acc, self.alu(REDUCE_TO_ALU[op], cast(DType, acc.dtype), current, value)), pure=False)
 
 def _is_const(uop: UOp, value: Any) -> bool: return uop.op is UOps.CONST and uop.arg == value
-def _neighbours(addresses: list[Address], lanes: list[int]) -> bool:
-  """Whether these lanes' addresses are valid and neighbouring, in order, from an aligned index."""
+def _neighbours(addresses: list[Address], lanes: list[int], aligned: bool) -> bool:
+  """Whether these lanes' addresses are valid and neighbouring, in order (and, if `aligned`, from a multiple of their number)."""
   start = addresses[lanes[0]][0]
-  return start % len(lanes) == 0 and all(addresses[lane][1].min == 1 and addresses[lane][0] - start == i for i, lane in enumerate(lanes))
+  if aligned and start % len(lanes): return False
+  return all(addresses[lane][1].min == 1 and addresses[lane][0] - start == i for i, lane in enumerate(lanes))

@@ -22,6 +22,7 @@ FAST_MATH = ("reassoc", "contract", "nsz")
 
 def register_type(dtype: DType) -> ir.Type:
   """The LLVM type a value of `dtype` has in registers."""
+  if dtype.count > 1: return ir.VectorType(register_type(dtype.scalar()), dtype.count)
   if dtype == dtypes.bool: return ir.IntType(1)
   if dtype in (dtypes.float32, dtypes.bfloat16): return ir.FloatType()
   if dtype == dtypes.float16: return ir.HalfType()
@@ -33,8 +34,8 @@ def memory_type(dtype: DType) -> ir.Type:
   return ir.IntType(8) if dtype == dtypes.bool else ir.IntType(16) if dtype == dtypes.bfloat16 else register_type(dtype)
 
 def _intrinsic(builder: ir.IRBuilder, name: str, dtype: DType, *args: ir.Value) -> ir.Value:
-  ty = register_type(dtype)
-  full_name = f"llvm.{name}.f{_float_bits(dtype)}"
+  ty = args[0].type  # a float, or a vector of them
+  full_name = f"llvm.{name}.{f'v{ty.count}' if isinstance(ty, ir.VectorType) else ''}f{_float_bits(dtype)}"
   fn = builder.module.globals.get(full_name) or ir.Function(builder.module, ir.FunctionType(ty, [ty] * len(args)), name=full_name)
   return builder.call(fn, list(args), fastmath=FAST_MATH)
 
@@ -85,7 +86,9 @@ ALU_RENDERERS: dict[Op, Callable[..., ir.Value]] = {
 }
 
 def cast(builder: ir.IRBuilder, value: ir.Value, src: DType, dst: DType) -> ir.Value:
+  """`value` of `src` as `dst`: scalars, or vectors of as many lanes."""
   src_ty, dst_ty = register_type(src), register_type(dst)
+  src, dst = src.scalar(), dst.scalar()
   if src_ty == dst_ty: return value
   if dst == dtypes.bool: return builder.fcmp_unordered("!=", value, ir.Constant(src_ty, 0)) if dtypes.is_float(src) else \
     builder.icmp_unsigned("!=", value, ir.Constant(src_ty, 0))
@@ -95,7 +98,7 @@ def cast(builder: ir.IRBuilder, value: ir.Value, src: DType, dst: DType) -> ir.V
     return builder.fpext(value, dst_ty) if _float_bits(src) < _float_bits(dst) else builder.fptrunc(value, dst_ty)
   if dtypes.is_float(dst): return builder.uitofp(value, dst_ty) if _is_unsigned(src) else builder.sitofp(value, dst_ty)
   if dtypes.is_float(src): return builder.fptoui(value, dst_ty) if dtypes.is_unsigned(dst) else builder.fptosi(value, dst_ty)
-  if src_ty.width > dst_ty.width: return builder.trunc(value, dst_ty)
+  if src.itemsize > dst.itemsize: return builder.trunc(value, dst_ty)
   return builder.zext(value, dst_ty) if _is_unsigned(src) else builder.sext(value, dst_ty)
 
 def bitcast(builder: ir.IRBuilder, value: ir.Value, src: DType, dst: DType) -> ir.Value:
@@ -107,8 +110,9 @@ def bitcast(builder: ir.IRBuilder, value: ir.Value, src: DType, dst: DType) -> i
 def _float_bits(dtype: DType) -> int: return 32 if dtype == dtypes.bfloat16 else 8 * dtype.itemsize
 
 def _constant(value: Any, dtype: DType) -> ir.Constant:
-  if dtypes.is_float(dtype) and math.isnan(value): return ir.Constant(register_type(dtype), float("nan"))
-  return ir.Constant(register_type(dtype), int(value) if not dtypes.is_float(dtype) else value)
+  """`value` as `dtype`, in every lane of a vector type."""
+  if dtypes.is_float(dtype.scalar()) and math.isnan(value): return ir.Constant(register_type(dtype), float("nan"))
+  return ir.Constant(register_type(dtype), int(value) if not dtypes.is_float(dtype.scalar()) else value)
 
 def _from_memory(builder: ir.IRBuilder, raw: ir.Value, dtype: DType) -> ir.Value:
   if dtype == dtypes.bool: return builder.trunc(raw, ir.IntType(1))
@@ -184,6 +188,9 @@ def _render_llvm(function_name: str, uops: list[UOp]) -> str:
       builder.position_at_end(exit_block)
     elif uop.op is UOps.LOAD:
       if uop.src[0].op is UOps.DEFINE_ACC: values[uop] = builder.load(src[0], typ=register_type(dtype))
+      elif dtype.count > 1:  # neighbouring elements from any index (the vector types here are the same in memory)
+        pointer = builder.gep(src[0], [src[1]], source_etype=memory_type(dtype.scalar()))
+        values[uop] = builder.load(pointer, typ=register_type(dtype), align=dtype.scalar().itemsize)
       else:  # a gated load clamps the index so a masked-out lane never reads out of bounds, then zeroes the value
         index = builder.select(src[2], src[1], ir.Constant(src[1].type, 0)) if len(src) == 3 else src[1]
         pointer = builder.gep(src[0], [index], source_etype=memory_type(dtype))
@@ -196,7 +203,11 @@ def _render_llvm(function_name: str, uops: list[UOp]) -> str:
         stored = _to_memory(builder, src[2], value_dtype)
         with builder.if_then(src[3]) if len(src) == 4 else contextlib.nullcontext():  # a gated store writes only where valid
           builder.store(stored, builder.gep(src[0], [src[1]], source_etype=memory_type(value_dtype)))
-    elif uop.op is UOps.ALU: values[uop] = ALU_RENDERERS[uop.arg](builder, _dtype_of(uop.src[-1]), *src)
+    elif uop.op is UOps.ALU: values[uop] = ALU_RENDERERS[uop.arg](builder, _dtype_of(uop.src[-1]).scalar(), *src)
+    elif uop.op is UOps.VECTORIZE:
+      values[uop] = ir.Constant(register_type(dtype), ir.Undefined)
+      for lane, value in enumerate(src): values[uop] = builder.insert_element(values[uop], value, ir.Constant(ir.IntType(32), lane))
+    elif uop.op is UOps.GEP: values[uop] = builder.extract_element(src[0], ir.Constant(ir.IntType(32), uop.arg))
     elif uop.op is UOps.CAST: values[uop] = cast(builder, src[0], _dtype_of(uop.src[0]), dtype)
     elif uop.op is UOps.BITCAST: values[uop] = bitcast(builder, src[0], _dtype_of(uop.src[0]), dtype)
     else: raise NotImplementedError(f"the LLVM renderer has no rule for {uop.op}")

@@ -9,7 +9,7 @@ from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
 
 class UOps(Enum):
   DEFINE_GLOBAL = auto()  # arg: a GlobalBuffer; dtype: element type of the buffer
-  DEFINE_ACC = auto()     # a mutable local scalar; arg: its initial value. LOAD(acc) reads it, STORE(acc, value) writes it
+  DEFINE_ACC = auto()     # a mutable local scalar, or vector (CPUs); arg: its start value (each lane's). LOAD(acc) reads it, STORE(acc, v) writes it
   SPECIAL = auto()        # a thread id on GPUs; arg: a ThreadIndex
   DEFINE_LOCAL = auto()   # memory shared by a work-group (CUDA __shared__, OpenCL __local); arg: LocalBuffer
   BARRIER = auto()        # every thread of the work-group waits here, and sees the others' local-memory writes
@@ -19,7 +19,7 @@ class UOps(Enum):
   LOAD = auto()           # src: (buffer, index[, valid]) or (acc,)
   STORE = auto()          # src: (buffer, index, value[, valid]) or (acc, value); with `valid`, only where it holds
   CONST = auto()          # arg: the Python value
-  ALU = auto()            # arg: the UnaryOps/BinaryOps/TernaryOps member
+  ALU = auto()            # arg: the UnaryOps/BinaryOps/TernaryOps member; on vectors (CPUs), lane by lane
   CAST = auto()           # src: (value,); dtype: the target
   BITCAST = auto()
   VECTORIZE = auto()      # src: the lanes; dtype: their vector type (a LOAD or STORE of a vector moves all lanes at once)
@@ -108,11 +108,20 @@ def cast_python_value(value: Any, dtype: DType) -> Any:
   return wrapped - (1 << bits) if not dtypes.is_unsigned(dtype) and wrapped >= 1 << (bits - 1) else wrapped
 
 def executed(uops: list[UOp], counted: Callable[[UOp], bool]) -> int:
-  """How often the `counted` uops run: each once per iteration of the loops around it (and per GPU thread)."""
+  """How often the `counted` uops run: each once per iteration of the loops around it (and per GPU thread), once a lane of a vector."""
   total, trips = 0, 1
   for uop in uops:
     if uop.op is UOps.LOOP: trips *= uop.src[1].arg
     elif uop.op is UOps.END and uop.src[0].op is UOps.LOOP: trips //= uop.src[0].src[1].arg
     elif uop.op is UOps.SPECIAL: trips *= uop.arg.size  # one GPU thread per index
-    elif counted(uop): total += trips
+    elif counted(uop): total += trips * (uop.dtype.count if uop.dtype is not None else 1)
   return total
+
+VALUE_ONLY = (UOps.CONST, UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.GEP, UOps.VECTORIZE, UOps.LOAD)  # ops that do nothing but make a value
+
+def without_unused(uops: list[UOp]) -> list[UOp]:
+  """`uops` without those that only make a value that nothing uses."""
+  used: set[UOp] = set()
+  for uop in reversed(uops):  # a UOp comes after its sources
+    if uop.op not in VALUE_ONLY or uop in used: used.update(uop.src)
+  return [uop for uop in uops if uop.op not in VALUE_ONLY or uop in used]
