@@ -233,6 +233,11 @@ def test_16_bit_lanes_are_read_and_written_packed_two_to_a_word(dtype):
   cuda, _ = sources(optimized(Tensor.empty(1024, dtype=dtype) + 1, [Opt(OptOps.UPCAST, 0, 2)]))
   assert "*((unsigned int*)(data0+" in cuda and "*((const unsigned int*)(data1+" in cuda
 
+def test_a_16_bit_group_reduce_meets_in_float_local_memory():
+  # OpenCL declares no half arrays without cl_khr_fp16 (NVIDIA's rejects `__local half`); registers hold floats anyway
+  cuda, opencl = sources(optimized(Tensor.empty(16, 512, dtype=dtypes.float16).max(1), [Opt(OptOps.GROUP, 0, 16)]))
+  assert "__local float partials[16]" in opencl and "__shared__ float partials[16]" in cuda, opencl
+
 def test_padto_on_a_global_axis_gates_the_store():
   cuda, opencl = sources(optimized(transposed_add_29(), [Opt(OptOps.PADTO, 1, 32)]))
   for source in (cuda, opencl): assert re.search(r"if \(.*\) data0\[", source), source

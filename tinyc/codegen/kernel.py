@@ -23,7 +23,7 @@ the single source of truth and a kernel's optimization is a replayable list.
 from __future__ import annotations
 import copy, math
 from typing import Callable, Sequence, cast
-from tinyc.dtype import dtypes
+from tinyc.dtype import DType, dtypes
 from tinyc.helpers import ALLOW_TF32, DEBUG, colored, dedup, prod, to_function_name
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, ReduceOps, UnaryOps
 from tinyc.codegen.uops import PYTHON_ALU
@@ -104,7 +104,8 @@ class Kernel:
   def local_memory_bytes(self) -> int:
     """Local memory for the group reduces (a partial result per thread and result of each reduce a GROUP splits) and staged tiles."""
     grouped = {number for axis in self.axes(AxisKind.GROUP) for number in self.owners[axis]}
-    partials = sum(self.local_size * self.partial_lanes(self.reduceops[number]) * self.reduceops[number].dtype.itemsize for number in grouped)
+    partials = sum(self.local_size * self.partial_lanes(self.reduceops[number]) * partials_dtype(self.reduceops[number].dtype).itemsize
+                   for number in grouped)
     return partials + sum(self.tile_stages * layout.size * layout.dtype.itemsize for layout in map(self.tile_layout, self.staged))
 
   def tile_axes(self, number: int) -> list[int]:
@@ -351,6 +352,11 @@ class Kernel:
 
   def print_ast(self) -> None:
     if DEBUG >= 3: print(_format_ast(self.ast))
+
+def partials_dtype(dtype: DType) -> DType:
+  """What a group reduce's partial results are in local memory: float for 16-bit floats, as in registers (OpenCL has no half
+  arrays without cl_khr_fp16)."""
+  return dtypes.float32 if dtype in TC_DTYPES else dtype
 
 def _format_ast(node: LazyOp, depth: int = 0) -> str:
   arg = node.arg

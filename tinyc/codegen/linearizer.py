@@ -13,7 +13,7 @@ from tinyc.helpers import DEBUG, prod
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, ReduceOps, TernaryOps, UnaryOps
 from tinyc.shape.shapetracker import flatten_node
 from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, simplify_given_valid
-from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel
+from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel, partials_dtype
 from tinyc.codegen.uops import (PACKED_16_BIT, PYTHON_ALU, VECTOR_WIDTH, Fragment, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind,
                                UOp, UOps, cast_python_value, without_unused)
 from tinyc.codegen.tiles import Tile, copy_tiles, define_tile, load_tiles, store_tiles
@@ -383,11 +383,12 @@ class Linearizer:
     first_slot = flatten_node([self.thread_idxs[axis] for axis in local_axes], [kernel.full_shape[axis] for axis in local_axes]) * group_count
     if (memory := self._partials.get(reduceop)) is None:  # one buffer a reduce, however often it is computed: no barrier between reduces
       name = "partials" + str(len(self._locals) or "")
-      memory = self._partials[reduceop] = self.define_local(reduceop.dtype, name, kernel.local_size * kernel.partial_lanes(reduceop))
+      memory = self._partials[reduceop] = self.define_local(partials_dtype(reduceop.dtype), name, kernel.local_size * kernel.partial_lanes(reduceop))
     def read(index: Node, lane: int) -> UOp:  # not pure: a value read before a barrier is stale after it
-      return self.uop(UOps.LOAD, reduceop.dtype, (memory, self.index(index * lanes + lane)), pure=False)
+      loaded = self.uop(UOps.LOAD, partials_dtype(reduceop.dtype), (memory, self.index(index * lanes + lane)), pure=False)
+      return self.cast(loaded, reduceop.dtype)
     def write(index: Node, lane: int, value: UOp) -> None:
-      self.uop(UOps.STORE, None, (memory, self.index(index * lanes + lane), value), pure=False)
+      self.uop(UOps.STORE, None, (memory, self.index(index * lanes + lane), self.cast(value, partials_dtype(reduceop.dtype))), pure=False)
     mine = first_slot + member
     for lane, partial in enumerate(partials): write(mine, lane, partial)
     self.barrier()
