@@ -388,6 +388,10 @@ def test_heuristic_gives_a_conv_64_accumulators_a_thread_on_a_gpu():
   assert kernel.applied_opts[-2:] == [Opt(OptOps.UPCAST, 1, 2), Opt(OptOps.UPCAST, 0, 2)] and kernel.size_of(U) == 64
   kernel, _ = heuristic(Tensor.empty(512, 64) @ Tensor.empty(64, 512))  # one reduce axis: a matmul keeps its 4 x 4 tile
   assert kernel.size_of(U) == 16
+  tokens_x, tokens_grad = Tensor.empty(32, 64, 96, 1), Tensor.empty(32, 64, 1, 384)  # a weight gradient over (batch, tokens): no window
+  kernel = Kernel(kernel_asts((tokens_x * tokens_grad).sum((0, 1)))[0], GPU)  # (on a GPU device: split-K's parts)
+  hand_coded_optimizations(kernel)
+  assert kernel.size_of(U) == 16, kernel.applied_opts
 
 def test_heuristic_puts_a_16_bit_conv_on_4_warps_of_tensor_cores_without_padding():
   x, w = Tensor.empty(64, 64, 56, 56, dtype=dtypes.float16), Tensor.empty(64, 64, 3, 3, dtype=dtypes.float16)
