@@ -287,6 +287,19 @@ def test_conv2d_backward_of_one_input_and_mixed_dtypes():
   check_grad([random_array((2, 3, 7, 7), dtypes.float16, seed=1), random_array((4, 3, 3, 3), seed=2)],
              lambda x, w: tF.conv2d(x.float(), w, stride=2), lambda x, w: x.conv2d(w, stride=2), atol=1e-3)
 
+def test_backward_through_a_freed_graph_raises_as_torch_does():
+  """A second loss built on an intermediate of a graph a backward already freed: torch raises, and tinyc, which keeps no graph
+  either, used to stop at the intermediate silently (x.grad missed the second loss's share)."""
+  x = Tensor([1.0, 2.0], requires_grad=True)
+  y = x * 3
+  y.sum().backward()
+  with pytest.raises(RuntimeError, match="backward through the graph a second time"): (y * 2).sum().backward()
+  np.testing.assert_equal(x.grad.numpy(), [3.0, 3.0])
+  tx = torch.tensor([1.0, 2.0], requires_grad=True)
+  ty = tx * 3
+  ty.sum().backward()
+  with pytest.raises(RuntimeError, match="backward through the graph a second time"): (ty * 2).sum().backward()
+
 def test_conv2d_second_backward_raises():
   """The graph is freed by a backward, as torch's is without retain_graph: a second one raises instead of adding to .grad again."""
   x, w = Tensor(random_array((1, 2, 5, 5)), requires_grad=True), Tensor(random_array((3, 2, 3, 3)), requires_grad=True)

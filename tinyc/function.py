@@ -17,6 +17,15 @@ class Function:
   def forward(self, *args: Any, **kwargs: Any) -> LazyBuffer: raise NotImplementedError(f"{type(self).__name__} has no forward")
   def backward(self, grad_output: LazyBuffer) -> Any: raise RuntimeError(f"{type(self).__name__} is not differentiable")
 
+class Freed(Function):
+  """What a backward leaves on each node it went through: the graph behind it is gone, as torch frees it (without retain_graph), so
+  a later backward that reaches the node raises instead of stopping there with part of the gradient."""
+  parents: tuple[Any, ...] = ()
+  def backward(self, grad_output: LazyBuffer) -> Any:
+    raise RuntimeError("Trying to backward through the graph a second time (or directly access saved tensors after they have already "
+                       "been freed). Saved intermediate values of the graph are freed when you call .backward(); tinyc keeps no graph "
+                       "for a second one: compute the loss again from the leaves.")
+
 class NonDifferentiable(Function):
   """An op whose result carries no gradient (comparisons, integer math): as in torch, its result never requires grad, so a graph
   through it (a where's condition, argmax) ends there instead of asking it for a backward."""

@@ -180,7 +180,7 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
         if grad is None or not parent.requires_grad: continue
         assert grad.shape == parent.shape, f"gradient of shape {grad.shape} for a tensor of shape {parent.shape}"
         parent.grad = Tensor(grad, device=self.device, requires_grad=False) if parent.grad is None else parent.grad + Tensor(grad, device=self.device)
-      node._ctx = None
+      node._ctx = F.Freed(node.device, [])
     return self
 
   # ---- dtype ----
