@@ -87,6 +87,13 @@ def test_nan_inf(dtype):
     want = torch_fn(torch.tensor(values, dtype=TORCH_DTYPE[dtype]))
     compare(tiny_fn(Tensor(values, dtype=dtype)), want, atol=1e-6, rtol=2e-3, input_dtypes=[dtype])
 
+def test_negative_zero_constant_is_not_taken_for_zero():
+  """-0.0 == 0.0 in Python, but 1/(x * -0.0) is -inf: a kernel (or a plan) made for one constant must not serve the other."""
+  x, tx = Tensor([1.0, 2.0]), torch.tensor([1.0, 2.0])
+  for zero in [0.0, -0.0, 0.0]:
+    np.testing.assert_equal((1 / (x * zero)).numpy(), (1 / (tx * zero)).numpy())
+    np.testing.assert_equal(Tensor.full((2,), zero).reciprocal().numpy(), torch.full((2,), zero).reciprocal().numpy())
+
 def test_rsqrt_zero():
   np.testing.assert_equal(Tensor([0.0, 4.0]).rsqrt().numpy(), [math.inf, 0.5])
 

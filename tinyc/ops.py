@@ -38,12 +38,19 @@ class MemBuffer:
   dtype: DType
   st: ShapeTracker
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ConstBuffer:
   """A scalar broadcast through `st` (its mask zeroes the padded area)."""
   val: Any
   dtype: DType
   st: ShapeTracker
+  def __eq__(self, other: object) -> bool:
+    return isinstance(other, ConstBuffer) and (const_key(self.val), self.dtype, self.st) == (const_key(other.val), other.dtype, other.st)
+  def __hash__(self) -> int: return hash((const_key(self.val), self.dtype, self.st))
+
+def const_key(value: Any) -> str:
+  """What tells two constants apart: in Python -0.0 == 0.0, yet 1/-0.0 is -inf (and a NaN is not equal to itself)."""
+  return repr(value)
 
 @dataclass(frozen=True)
 class LazyOp:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import heapq, sys
 from tinyc.dtype import dtypes
 from tinyc.helpers import DEBUG, prod
-from tinyc.ops import BufferOps, ConstBuffer, LazyOp, LoadOps, MemBuffer, ReduceOps, ScheduleItem
+from tinyc.ops import BufferOps, ConstBuffer, LazyOp, LoadOps, MemBuffer, ReduceOps, ScheduleItem, const_key
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.lazy import LazyBuffer
 from tinyc.fusion import Decision, Fusion, Frame, Site, decide
@@ -307,7 +307,9 @@ def _structure(targets: list[LazyBuffer]) -> tuple[tuple, list[LazyBuffer]]:
   def visit(base: LazyBuffer) -> int:
     if (known := position.get(base)) is not None: return known
     if base.realized is not None: entry: tuple = (base.dtype, base.device, base.shape)  # an input: only what it holds
-    else: entry = (base.op, base.arg, base.dtype, base.device, base.shape, tuple((visit(src.base), src.st) for src in base.srcs))
+    else:
+      arg = const_key(base.arg) if base.op is LoadOps.CONST else base.arg  # (-0.0 == 0.0 in Python, but 1 / -0.0 is -inf)
+      entry = (base.op, arg, base.dtype, base.device, base.shape, tuple((visit(src.base), src.st) for src in base.srcs))
     position[base] = len(bases)
     bases.append(base)
     entries.append(entry)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, cast
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import DEBUG, prod
-from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, ReduceOps, TernaryOps, UnaryOps
+from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, ReduceOps, TernaryOps, UnaryOps, const_key
 from tinyc.shape.shapetracker import flatten_node
 from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, simplify_given_valid
 from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel, partials_dtype
@@ -70,7 +70,7 @@ class Linearizer:
 
   # ---- making UOps ----
   def uop(self, op: UOps, dtype: DType | None, src: tuple[UOp, ...] = (), arg: Any = None, pure: bool = True) -> UOp:
-    key = (op, dtype, src, arg)
+    key = (op, dtype, src, const_key(arg) if op is UOps.CONST else arg)  # (-0.0 == 0.0 in Python, but 1 / -0.0 is -inf)
     if pure and key in self._made: return self._made[key]
     made = UOp(op, dtype, src, arg)
     self.uops.append(made)
