@@ -13,7 +13,7 @@ from tinyc.dtype import DType, dtypes
 from tinyc.helpers import Context, prod
 from tinyc.schedule import create_schedule
 
-H200 = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST, tensor_cores=True, local_memory_bytes=227 * 1024)
+H200 = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST, tensor_cores=True, local_memory_bytes=227 * 1024, compute_units=132)
 LAYOUTS = ("NN", "NT", "TN", "TT")  # T: the operand is a transposed view of a contiguous array
 TC_DTYPES = (dtypes.float16, dtypes.bfloat16)
 
@@ -78,7 +78,13 @@ def test_the_heuristic_pads_odd_sizes_onto_tensor_cores():
   kernel = kernel_of(1000, 1000, 1000)
   opts = hand_coded_optimizations(kernel)
   assert opts[:4] == [Opt(OptOps.PADTO, 0, 128), Opt(OptOps.PADTO, 1, 128), Opt(OptOps.PADTO, 2, 32), Opt(OptOps.TC, 0, 3)]  # to 1024
-  assert kernel.full_shape[kernel.axes(AxisKind.REDUCE)[0]] * 16 * 2 == 1024 and kernel.local_size == 4 * 32  # 2 x 2 warps
+  assert kernel.full_shape[kernel.axes(AxisKind.REDUCE)[0]] * 16 * 4 == 1024  # 64 elements a trip
+  assert kernel.local_size == 4 * 32  # 2 x 2 warps: 8 x 4 work-groups of 2 x 4 warps would leave most of the 132 SMs idle
+
+def test_the_heuristic_gives_big_matmuls_2_x_4_warps():
+  kernel = kernel_of(4096, 4096, 512)  # 32 x 16 work-groups of 128 x 256 outputs
+  hand_coded_optimizations(kernel)
+  assert kernel.local_size == 8 * 32 and kernel.full_shape[kernel.axes(AxisKind.REDUCE)[0]] * 16 * 4 == 512
 
 # Opt lists that reach each part of the TC code: 2 or more tile stages, B read two mma tiles at once (along the unroll or an
 # upcast), warps side by side (LOCAL), and padding with masked copies

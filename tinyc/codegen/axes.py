@@ -75,6 +75,7 @@ class KernelTarget:
   max_upcast: int = 256              # upcast lanes an Opt list may reach (see MAX_UPCAST)
   tensor_cores: bool = False         # warp-level mma.sync m16n8k16 on 16-bit floats, operands read with ldmatrix (CUDA, sm_80 on)
   vector_lanes: int = 8              # 32-bit lanes of a CPU vector register (AVX2 8, AVX-512 16): CPU register tiles scale with it
+  compute_units: int = 1             # work-groups that run side by side at most once each (a GPU's SMs): how many fill the device
 
 CPU_TARGET = KernelTarget()
 # Upcast lanes (straight-line code per loop trip) the CPU heuristic uses at most: a safe size. Larger tiles can pay (an AVX-512

@@ -54,8 +54,11 @@ class CStyleDialect:
   load_fragment: Callable[[str, Fragment, str], str] | None = None  # (uint vector name, Fragment, shared address of this thread's row) -> statement
   mma: Callable[[DType, list[str], list[str]], str] | None = None  # (operand dtype, 4 A and 2 B registers, 4 accumulators) -> statement
   copy_async: Callable[[str, str, int, str], str] | None = None  # (shared address, global address, bytes, bytes to read of them) -> statement
-  async_commit: Callable[[], str] | None = None
-  async_wait: Callable[[int], str] | None = None  # (groups that may stay in flight) -> statement
+  async_commit: Callable[[str], str] | None = None  # (barrier address) -> statement: the copies since the last arrive there on landing
+  async_wait: Callable[[], str] | None = None  # every copy this thread issued has landed
+  barrier_init: Callable[[str, int], str] | None = None  # (address of the first, count) -> statement: split barriers of all threads
+  barrier_arrive: Callable[[str], str] | None = None  # (barrier address) -> statement
+  barrier_wait: Callable[[str, str], str] | None = None  # (barrier address, phase parity) -> statement
   local_pointer_prefix: str = ""  # before a pointer type into work-group-shared memory
   static_local_bytes: int | None = None  # local memory a kernel may declare as arrays; more is dynamic, its size in a comment (CUDA)
   prelude: str = ""
@@ -66,6 +69,8 @@ _COMMON_TYPES = {dtypes.bool: "bool", dtypes.int8: "char", dtypes.uint8: "unsign
                  dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.float32: "float", dtypes.float64: "double",
                  dtypes.float16: "float", dtypes.bfloat16: "float"}
 _XYZ = "xyz"
+# the uops that take a local memory's address
+ADDRESSED = (UOps.LOAD_FRAGMENT, UOps.COPY_ASYNC, UOps.ASYNC_COMMIT, UOps.BARRIER_INIT, UOps.BARRIER_ARRIVE, UOps.BARRIER_WAIT)
 _VECTOR_BASE_NAMES = {dtypes.float32: "float", dtypes.int32: "int", dtypes.uint32: "uint"}
 
 def _cuda_load_fragment(name: str, fragment: Fragment, address: str) -> str:
@@ -101,11 +106,22 @@ CUDA_DIALECT = CStyleDialect(
            "__device__ inline unsigned short __float_to_half_bits(float f) {\n"
            "  unsigned short h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h;\n}\n"
            "__device__ inline unsigned int __shared_address(const void* p) {\n"
-           "  unsigned int a; asm(\"{ .reg .u64 q; cvta.to.shared.u64 q, %1; cvt.u32.u64 %0, q; }\" : \"=r\"(a) : \"l\"(p)); return a;\n}\n"),
+           "  unsigned int a; asm(\"{ .reg .u64 q; cvta.to.shared.u64 q, %1; cvt.u32.u64 %0, q; }\" : \"=r\"(a) : \"l\"(p)); return a;\n}\n"
+           # try_wait (sm_90) suspends the thread a while before it answers; test_wait (sm_80) answers at once
+           "__device__ inline void __barrier_wait(unsigned int barrier, unsigned int parity) {\n"
+           "  unsigned int done; do { asm volatile(\"{ .reg .pred p; mbarrier.\"\n"
+           "#if __CUDA_ARCH__ >= 900\n\"try_wait\"\n#else\n\"test_wait\"\n#endif\n\".parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }\"\n"
+           "  : \"=r\"(done) : \"r\"(barrier), \"r\"(parity) : \"memory\"); } while (!done);\n}\n"),
   shared_address=lambda name: f"__shared_address({name})",
   load_fragment=_cuda_load_fragment, mma=_cuda_mma, copy_async=_cuda_copy_async,
-  async_commit=lambda: 'asm volatile("cp.async.commit_group;" : : : "memory");',
-  async_wait=lambda groups: f'asm volatile("cp.async.wait_group {groups};" : : : "memory");', static_local_bytes=48 * 1024,
+  async_commit=lambda barrier: f'asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" : : "r"({barrier}) : "memory");',
+  async_wait=lambda: 'asm volatile("cp.async.wait_all;" : : : "memory");',
+  barrier_init=lambda first, count: (f"if (threadIdx.x + threadIdx.y + threadIdx.z == 0) for (int i = 0; i < {count}; i++) "
+                                     f'asm volatile("mbarrier.init.shared.b64 [%0], %1;" : : "r"({first}+8*i), '
+                                     '"r"(blockDim.x*blockDim.y*blockDim.z) : "memory");'),
+  barrier_arrive=lambda barrier: (f'asm volatile("{{ .reg .b64 state; mbarrier.arrive.shared.b64 state, [%0]; }}" : : "r"({barrier}) '
+                                  ': "memory");'),
+  barrier_wait=lambda barrier, parity: f"__barrier_wait({barrier}, {parity});", static_local_bytes=48 * 1024,
   infinity="__int_as_float(0x7f800000)", nan="__int_as_float(0x7fc00000)")
 
 OPENCL_DIALECT = CStyleDialect(
@@ -261,7 +277,7 @@ class CStyleRenderer:
     if dynamic_bytes := sum(sizes) if dialect.static_local_bytes is not None and sum(sizes) > dialect.static_local_bytes else 0:
       declaration = f"extern {dialect.local_prefix}unsigned char dynamic_local[] __attribute__((aligned(16)));"
       self.emit(f"{declaration}  /* dynamic local memory: {dynamic_bytes} bytes */")
-    addressed = {uop.src[0] for uop in self.uops if uop.op in (UOps.LOAD_FRAGMENT, UOps.COPY_ASYNC)}  # locals read or written by address
+    addressed = {uop.src[0] for uop in self.uops if uop.op in ADDRESSED}  # locals read or written by address
     for uop in self.uops:
       dtype = uop.dtype if uop.dtype is not None else dtypes.bool  # (ops without a dtype do not read it)
       if uop.op in (UOps.DEFINE_GLOBAL, UOps.SPECIAL, UOps.DEFINE_LOCAL, UOps.LOOP): self.names[uop] = uop.arg.name
@@ -317,13 +333,18 @@ class CStyleRenderer:
         if len(uop.src) == 5: source = f"{self.names[uop.src[2]]}+({self.names[uop.src[4]]}?{self.names[uop.src[3]]}:0)"
         size = f"({self.names[uop.src[4]]}?{uop.arg}:0)" if len(uop.src) == 5 else str(uop.arg)
         self.emit(self.require(dialect.copy_async, uop)(target, source, uop.arg, size))
-      elif uop.op is UOps.ASYNC_COMMIT: self.emit(self.require(dialect.async_commit, uop)())
-      elif uop.op is UOps.ASYNC_WAIT: self.emit(self.require(dialect.async_wait, uop)(uop.arg))
+      elif uop.op is UOps.ASYNC_COMMIT: self.emit(self.require(dialect.async_commit, uop)(self.barrier_address(uop)))
+      elif uop.op is UOps.ASYNC_WAIT: self.emit(self.require(dialect.async_wait, uop)())
+      elif uop.op is UOps.BARRIER_INIT: self.emit(self.require(dialect.barrier_init, uop)(self.shared_address(uop.src[0], "0"), uop.src[0].arg.size))
+      elif uop.op is UOps.BARRIER_ARRIVE: self.emit(self.require(dialect.barrier_arrive, uop)(self.barrier_address(uop)))
+      elif uop.op is UOps.BARRIER_WAIT: self.emit(self.require(dialect.barrier_wait, uop)(self.barrier_address(uop), self.names[uop.src[2]]))
       elif uop.op is UOps.VECTORIZE and dtype.scalar() in PACKED_16_BIT: self.define(uop, self.packed(list(uop.src)), "vec")
       elif uop.op is UOps.VECTORIZE: self.define(uop, dialect.make_vector(self.type_name(dtype), [self.names[src] for src in uop.src]), "vec")
       else: raise NotImplementedError(f"the {dialect.name} renderer has no rule for {uop.op}")
     body = "\n".join(self.lines)
     return f"{dialect.prelude}{dialect.kernel_prefix}void {self.function_name}({', '.join(params)}) {{\n{body}\n}}\n"
+
+  def barrier_address(self, uop: UOp) -> str: return self.shared_address(uop.src[0], self.names[uop.src[1]])
 
   def shared_address(self, memory: UOp, index: str) -> str:
     """The 32-bit shared-window address of element `index` of local memory, from its base address (worked out where it is defined)."""

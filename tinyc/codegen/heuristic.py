@@ -31,7 +31,7 @@ neighbouring threads share cache lines. Elementwise kernels get 4 lanes along th
 stores, and the runtime's work-group size.
 """
 from __future__ import annotations
-from tinyc.helpers import NOOPT
+from tinyc.helpers import NOOPT, prod
 from tinyc.ops import MemBuffer
 from tinyc.codegen.kernel import AxisKind, Kernel, KernelOptError, Opt, OptOps
 
@@ -179,12 +179,12 @@ def _stage_big_matmul(kernel: Kernel, axes: list[int], inputs: list[int]) -> boo
 
 def _tensor_core_plan(kernel: Kernel) -> bool:
   """A sum of products of 16-bit floats on tensor cores, if TC applies (after padding M and N to multiples of 128, 64 or 16 and
-  K of 32 or 16, where that wastes at most a third): 2 x 2 warps, each computing 64 x 64 outputs (4 x 8 mma tiles), 32 elements
-  of the reduce a loop trip, 3 tile stages (2 where local memory is short); smaller tiles where an axis is short. Measured on
-  the H200 at 4096 (fp16, cuBLAS about 700 TFLOP/s): 300-320 TFLOP/s in every layout, against 260-285 with 2 stages, 250 with
-  64 elements a trip, 230-245 with 8 warps of 32 x 64 or 64 x 32 outputs, and 38 for the best plan without tensor cores. TF32
-  (float32, ALLOW_TF32=1) takes 32 elements a trip too, 64 bytes of each row as for 16-bit floats: 112-172 TFLOP/s at 4096 against
-  112-143 with 16 elements (cuBLAS TF32: 250-380)."""
+  K of 32 or 16, where that wastes at most a third): warps each computing 64 x 64 outputs (4 x 8 mma tiles), 2 x 4 of them where
+  that still gives every SM a work-group, else 2 x 2; 128 bytes of each row of the reduce a loop trip; 3 tile stages (2 where local
+  memory is short); smaller tiles where an axis is short. The tiles come from L2, and its bandwidth (about 5 TB/s) is what bounds
+  a work-group's tile: 128 x 128 outputs top out near 320 TFLOP/s, 128 x 256 near 430. Measured on the H200 at 4096 (fp16, cuBLAS
+  about 700, with clusters sharing tiles): 405-409 TFLOP/s in every layout with 2 x 4 warps, 320-345 with 2 x 2, 310 with 2 x 2
+  warps and 64 bytes a trip. Before the stages had split barriers (a barrier of every thread each trip), 2 x 4 warps gave 310."""
   if not (operands := kernel.tensor_core_operands()): return False
   def padded(chosen: set[int] | None) -> Kernel:  # M and N to whole work-group tiles where that wastes little, K to whole trips
     trial = kernel.copy()
@@ -199,11 +199,13 @@ def _tensor_core_plan(kernel: Kernel) -> bool:
   if (m, n, k) not in (choices := (trial := padded({m, n, k})).tensor_core_choices()): return False
   m_at, n_at, k_at = trial.axes(AxisKind.GLOBAL).index(m), trial.axes(AxisKind.GLOBAL).index(n), trial.axes(AxisKind.REDUCE).index(k)
   if not any(_try(trial, Opt(OptOps.TC, choices.index((m, n, k)), stages)) for stages in (3, 2)): return False
-  _try(trial, Opt(OptOps.UNROLL, k_at, 2 if trial.bufs[operands[0]].dtype.itemsize == 2 else 4))  # 64 bytes of each row a trip
+  _try(trial, Opt(OptOps.UNROLL, k_at, 4))  # 128 bytes of each row a trip: 4 mma steps of 16 16-bit or 8 float32 elements
+  tiles = prod(trial.full_shape[axis] for axis in trial.axes(AxisKind.GLOBAL)) // (4 * 8 * 2 * 4)  # work-groups of 2 x 4 warps
   for at, amounts in sorted(((m_at, (4, 2)), (n_at, (8, 4, 2))), reverse=True):  # the later axis first: its Opts leave the other's place
     global_count = len(trial.axes(AxisKind.GLOBAL))
     any(_try(trial, Opt(OptOps.UPCAST, at, amount)) for amount in amounts)
-    if len(trial.axes(AxisKind.GLOBAL)) == global_count: _try(trial, Opt(OptOps.LOCAL, at, 2))
+    warps = (4, 2) if at == n_at and tiles >= trial.target.compute_units else (2,)
+    if len(trial.axes(AxisKind.GLOBAL)) == global_count: any(_try(trial, Opt(OptOps.LOCAL, at, amount)) for amount in warps)
   # where M and N are short (a conv's channels and columns), more warps along another axis one operand spans (the conv's rows)
   for axis in reversed(trial.axes(AxisKind.GLOBAL)):
     if trial.local_size < 4 * 32 and sum(not trial.broadcast_along(number, axis) for number in operands) == 1:

@@ -102,11 +102,13 @@ class Kernel:
     return prod(self.full_shape[axis] for axis in self.value_axes(reduceop) if self.kinds[axis] in LANES)
   @property
   def local_memory_bytes(self) -> int:
-    """Local memory for the group reduces (a partial result per thread and result of each reduce a GROUP splits) and staged tiles."""
+    """Local memory for the group reduces (a partial result per thread and result of each reduce a GROUP splits), staged tiles and the
+    barriers of tensor-core tile stages (two of 8 bytes a stage)."""
     grouped = {number for axis in self.axes(AxisKind.GROUP) for number in self.owners[axis]}
     partials = sum(self.local_size * self.partial_lanes(self.reduceops[number]) * partials_dtype(self.reduceops[number].dtype).itemsize
                    for number in grouped)
-    return partials + sum(self.tile_stages * layout.size * layout.dtype.itemsize for layout in map(self.tile_layout, self.staged))
+    barriers = 16 * self.tile_stages if self.axes(AxisKind.TC) else 0
+    return partials + barriers + sum(self.tile_stages * layout.size * layout.dtype.itemsize for layout in map(self.tile_layout, self.staged))
 
   def tile_axes(self, number: int) -> list[int]:
     """The thread and lane axes along which buffer `number` moves (or is masked, but not as PADTO masks it along with the output:

@@ -16,7 +16,7 @@ from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Nod
 from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel, partials_dtype
 from tinyc.codegen.uops import (PACKED_16_BIT, PYTHON_ALU, VECTOR_WIDTH, Fragment, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind,
                                UOp, UOps, cast_python_value, without_unused)
-from tinyc.codegen.tiles import Tile, copy_tiles, define_tile, load_tiles, store_tiles
+from tinyc.codegen.tiles import Tile, define_tile, enter_trip, leave_trip, load_tiles, start_tile_copies, store_tiles
 from tinyc.codegen.packing import LOADED_DTYPES, pack, packed_axis
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
@@ -294,21 +294,18 @@ class Linearizer:
     acc_keys = list(itertools.product(*[range(kernel.full_shape[axis]) for axis in acc_axes]))
     accs = self.define_accs(reduceop, len(acc_keys), kernel.full_shape[packed] if packed is not None else 1)
     scope = Scope(outer.bound | {axis: self.thread_idxs[axis] for axis in grouped}, sorted(key_axes + unrolled), dict(outer.reduced))
-    tensor_cores, stages = bool(kernel.axes(AxisKind.TC)), kernel.tile_stages
-    if tensor_cores:  # the first stages - 1 trips' tiles, before the loops
-      for stage in range(stages - 1): copy_tiles(self, scope.bound, looped, NumNode(stage), NumNode(stage))
+    tensor_cores = bool(kernel.axes(AxisKind.TC))
+    if tensor_cores: barriers = start_tile_copies(self, scope.bound, looped)  # the first stages - 1 trips' tiles, before the loops
     elif self.tiles: store_tiles(self, load_tiles(self, scope.bound, looped, NumNode(0)))  # the first trip's, before the loops
     loops = self.walk_loops(looped, reduceop.src[0], scope)
     trip = flatten_node([scope.bound[axis] for axis in looped], [kernel.full_shape[axis] for axis in looped])
-    if tensor_cores:  # wait for this trip's tiles; then every thread is done with the last trip's stage, which gets the tiles of trip + stages - 1
-      self.uop(UOps.ASYNC_WAIT, None, (), stages - 2, pure=False)
-      self.barrier()
-      copy_tiles(self, scope.bound, looped, trip + stages - 1, (trip + stages - 1) % stages)
-      scope.tile_stage = trip % stages
+    if tensor_cores: scope.tile_stage = enter_trip(self, barriers, scope.bound, looped, trip)
     elif self.tiles:  # load the next trip's tiles (the first again after the last) now, store them after this trip's work
       scope.tile_stage = trip % 2
       upcoming = load_tiles(self, scope.bound, looped, trip + 1)
-    if kernel.axes(AxisKind.TC): self.mma(scope, accs, keys, key_axes)
+    if tensor_cores:
+      self.mma(scope, accs, keys, key_axes)
+      leave_trip(self, barriers, trip)
     else:
       lanes = self.lanes(scope)
       if packed is not None: lanes = lanes._replace(packed=scope.lane_axes.index(packed))
@@ -321,7 +318,7 @@ class Linearizer:
       for acc, step in steps.values(): self.accumulate(op, acc, pack(self.uop, step))
     if self.tiles and not tensor_cores: store_tiles(self, upcoming)  # into the other tile, which every thread read before the last barrier
     for loop in reversed(loops): self.end(loop)
-    if tensor_cores: self.uop(UOps.ASYNC_WAIT, None, (), 0, pure=False)  # no copy left running (they were for trips past the last)
+    if tensor_cores: self.uop(UOps.ASYNC_WAIT, None, pure=False)  # no copy left running (they were for trips past the last)
     partials = [self.uop(UOps.LOAD, acc.dtype, (acc,), pure=False) for acc in accs]
     if packed is not None:  # each key's lane of its accumulator
       partials = [self.uop(UOps.GEP, reduceop.dtype, (partials[acc_keys.index(tuple(key[key_axes.index(axis)] for axis in acc_axes))],),

@@ -1,12 +1,14 @@
 """Layer 3: staged inputs (STAGE, see codegen/kernel.py), read through local memory. Two tiles alternate: a thread loads the next
 trip's tile into registers before this trip's work and stores it into the other tile after, so one barrier a trip suffices.
-Tensor-core operands (TC) instead keep `tile_stages` tiles, copied in the background (copy_tiles): the linearizer waits for a
-trip's own copies, then starts those of the trip `tile_stages - 1` ahead into the stage every thread has finished reading.
+Tensor-core operands (TC) instead keep `tile_stages` tiles, copied in the background (copy_tiles) and guarded by split barriers,
+two a stage: its copies landed, and every thread done reading it. A trip starts the copies of the trip `tile_stages - 1` ahead
+into the stage the last trip read, once every thread is done with it, and waits for its own; no barrier holds every thread.
 Imports helpers, ops, shape/, codegen/kernel, codegen/uops; the Linearizer passes itself in.
 """
 from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, cast
+from tinyc.dtype import dtypes
 from tinyc.helpers import prod
 from tinyc.ops import MemBuffer
 from tinyc.shape.shapetracker import flatten_node, unflatten_node
@@ -71,10 +73,10 @@ def load_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], 
     shares.append(TileShare(tile.memory, sizes, values, [(tile.index(idxs, trip % 2), gate) for idxs, gate in zip(lanes, gates)]))
   return shares
 
-def copy_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], trip: Node, stage: Node) -> None:
+def copy_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], trip: Node, stage: Node, barriers: UOp) -> None:
   """Copy the tensor-core operands' tiles of reduce loop trip `trip` into tile stage `stage`, as bits, the threads taking turns
   along each buffer's memory order: 16 bytes a turn in the background where they are neighbours in memory and in the tile, else
-  one value (in the background too if it has 4 bytes and every turn is whole). The copies are one group (ASYNC_WAIT waits)."""
+  one value (in the background too if it has 4 bytes and every turn is whole). They arrive at the stage's barrier once landed."""
   kernel, thread = ctx.kernel, ctx.work_group_thread()
   for tile in ctx.tiles.values():
     order = tile.layout.load_order
@@ -103,7 +105,35 @@ def copy_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], 
       else:
         value = ctx.uop(UOps.LOAD, bits, (memory, index) + gates)
         ctx.uop(UOps.STORE, None, (tile.memory, target, value) + ((ctx.index(in_range),) if in_range.min == 0 else ()), pure=False)
-  ctx.uop(UOps.ASYNC_COMMIT, None, pure=False)
+  ctx.uop(UOps.ASYNC_COMMIT, None, (barriers, ctx.index(stage)), pure=False)
+
+def start_tile_copies(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int]) -> UOp:
+  """The stages' barriers (stage s: `s` its copies landed, `stages + s` every thread done reading it), then the copies of the first
+  `stages - 1` trips."""
+  stages = ctx.kernel.tile_stages
+  barriers = ctx.define_local(dtypes.uint64, "stage_barriers", 2 * stages)
+  ctx.uop(UOps.BARRIER_INIT, None, (barriers,), pure=False)
+  ctx.barrier()
+  for stage in range(stages - 1): copy_tiles(ctx, bound, reduce_axes, NumNode(stage), NumNode(stage), barriers)
+  return barriers
+
+def enter_trip(ctx: Linearizer, barriers: UOp, bound: dict[int, Node], reduce_axes: list[int], trip: Node) -> Node:
+  """Start the copies of trip + stages - 1 into the stage trip - 1 read, once every thread has read it (the (trip - 1) // stages-th
+  phase of its barrier; on the first trip the wait is for parity 1 of a fresh barrier, which holds at once), then wait for this
+  trip's own tiles (phase trip // stages of theirs). Returns this trip's stage."""
+  stages = ctx.kernel.tile_stages
+  ahead = (trip + stages - 1) % stages
+  wait_for(ctx, barriers, ahead + stages, ((trip + stages - 1) // stages + 1) % 2)
+  copy_tiles(ctx, bound, reduce_axes, trip + stages - 1, ahead, barriers)
+  wait_for(ctx, barriers, trip % stages, (trip // stages) % 2)
+  return trip % stages
+
+def leave_trip(ctx: Linearizer, barriers: UOp, trip: Node) -> None:
+  """This thread is done reading the trip's stage."""
+  ctx.uop(UOps.BARRIER_ARRIVE, None, (barriers, ctx.index(trip % ctx.kernel.tile_stages + ctx.kernel.tile_stages)), pure=False)
+
+def wait_for(ctx: Linearizer, barriers: UOp, index: Node, parity: Node) -> None:
+  ctx.uop(UOps.BARRIER_WAIT, None, (barriers, ctx.index(index), ctx.index(parity)), pure=False)
 
 def store_tiles(ctx: Linearizer, shares: list[TileShare]) -> None:
   """Each thread's share into its tile, then a barrier: every thread reads the whole tile."""

@@ -27,8 +27,11 @@ class UOps(Enum):
   LOAD_FRAGMENT = auto()  # src: (local memory, this thread's row index); arg: a Fragment; dtype: a uint32 vector, a register a matrix
   WMMA = auto()           # src: (4 A registers, 2 B registers, 4 accumulators); arg: the operands' DType; adds A @ B to the accumulators
   COPY_ASYNC = auto()     # src: (local memory, index, global memory, index[, valid]); arg: bytes (4 or 16) copied in the background
-  ASYNC_COMMIT = auto()   # the copies issued since the last commit are one group
-  ASYNC_WAIT = auto()     # arg: n; wait until at most the n newest groups of copies are in flight
+  ASYNC_COMMIT = auto()   # src: (barriers, index): this thread's copies since the last commit arrive at that barrier once they land
+  ASYNC_WAIT = auto()     # wait until every copy this thread issued has landed
+  BARRIER_INIT = auto()   # src: (barriers,): local memory of split barriers (CUDA mbarriers), each awaiting every thread of the work-group
+  BARRIER_ARRIVE = auto() # src: (barriers, index): this thread is done with what the barrier guards (its reads and writes come first)
+  BARRIER_WAIT = auto()   # src: (barriers, index, parity): wait until the barrier's phase of that parity (0 or 1) has completed
 
 class GlobalBuffer(NamedTuple):
   """DEFINE_GLOBAL's arg: a buffer the kernel takes as a pointer parameter. Parameters are in buffer-number order, outputs first."""

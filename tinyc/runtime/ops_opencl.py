@@ -103,7 +103,7 @@ def open_device() -> Compiled:
   if DEBUG >= 1: print(f"OpenCL device: {device.name} ({device.platform.name})")
   target = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST, max_local_size=device.max_work_group_size,
                         local_memory_bytes=device.local_mem_size,
-                        max_local_dim_sizes=tuple(device.max_work_item_sizes[:3]))
+                        max_local_dim_sizes=tuple(device.max_work_item_sizes[:3]), compute_units=device.max_compute_units)
   return Compiled("GPU", CLAllocator(context, queue), render_opencl, compiler.compile, language="OpenCL C", threads=True,
                   max_local=min(256, device.max_work_group_size), target=target, load=compiler.load,
                   compile_binary=functools.partial(compile_binary, platform_name=device.platform.name, device_name=device.name),
