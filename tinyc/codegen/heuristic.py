@@ -200,11 +200,11 @@ def _tensor_core_plan(kernel: Kernel) -> bool:
   m_at, n_at, k_at = trial.axes(AxisKind.GLOBAL).index(m), trial.axes(AxisKind.GLOBAL).index(n), trial.axes(AxisKind.REDUCE).index(k)
   if not any(_try(trial, Opt(OptOps.TC, choices.index((m, n, k)), stages)) for stages in (3, 2)): return False
   _try(trial, Opt(OptOps.UNROLL, k_at, 4))  # 128 bytes of each row a trip: 4 mma steps of 16 16-bit or 8 float32 elements
-  tiles = prod(trial.full_shape[axis] for axis in trial.axes(AxisKind.GLOBAL)) // (4 * 8 * 2 * 4)  # work-groups of 2 x 4 warps
+  tiles = prod(trial.full_shape[axis] for axis in trial.axes(AxisKind.GLOBAL)) // (4 * 8 * 2)  # of 128 x 64 outputs (2 x 1 warps)
   for at, amounts in sorted(((m_at, (4, 2)), (n_at, (8, 4, 2))), reverse=True):  # the later axis first: its Opts leave the other's place
     global_count = len(trial.axes(AxisKind.GLOBAL))
     any(_try(trial, Opt(OptOps.UPCAST, at, amount)) for amount in amounts)
-    warps = (4, 2) if at == n_at and tiles >= trial.target.compute_units else (2,)
+    warps = _warps_along_n(tiles, trial.target.compute_units) if at == n_at else (2,)
     if len(trial.axes(AxisKind.GLOBAL)) == global_count: any(_try(trial, Opt(OptOps.LOCAL, at, amount)) for amount in warps)
   # where M and N are short (a conv's channels and columns), more warps along another axis one operand spans (the conv's rows)
   for axis in reversed(trial.axes(AxisKind.GLOBAL)):
@@ -212,6 +212,15 @@ def _tensor_core_plan(kernel: Kernel) -> bool:
       any(_try(trial, Opt(OptOps.LOCAL, axis, amount)) for amount in (4, 2) if amount * trial.local_size <= 4 * 32)
   for opt in trial.applied_opts[len(kernel.applied_opts):]: kernel.apply_opt(opt)
   return True
+
+def _warps_along_n(tiles: int, compute_units: int) -> list[int]:
+  """Warps along N for `tiles` work-groups of 2 x 1 warps (128 x 64 outputs), best first: 4 (one work-group an SM) where that still
+  gives every SM one, and 2 (two), ranked by the outputs a byte of L2 gives (the work-group's bound, see _tensor_core_plan) times
+  the share of the last wave of work-groups that is busy. (3 leaves two of an SM's four schedulers one warp: 3000³ ran no faster.)"""
+  def score(warps: int) -> float:
+    groups, slots = max(tiles, 1) / warps, compute_units * (1 if warps == 4 else 2)
+    return 128 * 64 * warps / (128 + 64 * warps) * groups / (-(-groups // slots) * slots)
+  return sorted((4, 2) if tiles >= 4 * compute_units else (2,), key=score, reverse=True)
 
 def _try(kernel: Kernel, opt: Opt) -> bool:
   try: kernel.apply_opt(opt)

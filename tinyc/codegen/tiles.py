@@ -73,11 +73,12 @@ def load_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], 
     shares.append(TileShare(tile.memory, sizes, values, [(tile.index(idxs, trip % 2), gate) for idxs, gate in zip(lanes, gates)]))
   return shares
 
-def copy_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], trip: Node, stage: Node, barriers: UOp) -> None:
+def copy_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], trip: Node, stage: Node, barriers: UOp) -> bool:
   """Copy the tensor-core operands' tiles of reduce loop trip `trip` into tile stage `stage`, as bits, the threads taking turns
-  along each buffer's memory order: 16 bytes a turn in the background where they are neighbours in memory and in the tile, else
-  one value (in the background too if it has 4 bytes and every turn is whole). They arrive at the stage's barrier once landed."""
-  kernel, thread = ctx.kernel, ctx.work_group_thread()
+  along each buffer's memory order (the last turn may leave some out): 16 bytes a turn in the background where they are neighbours
+  in memory and in the tile, else one value (in the background too if it has 4 bytes). Those in the background arrive at the
+  stage's barrier once landed. Returns whether any were stored by the thread itself, which that barrier does not cover."""
+  kernel, thread, stored = ctx.kernel, ctx.work_group_thread(), False
   for tile in ctx.tiles.values():
     order = tile.layout.load_order
     at = _placed(ctx, tile, bound, reduce_axes, trip)
@@ -88,7 +89,7 @@ def copy_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], 
       coords = unflatten_node(chunk // per_run, tuple(sizes[:inner])) + unflatten_node((chunk % per_run) * width + lane, tuple(sizes[inner:]))
       return [dict(zip(order, coords)).get(axis, at.get(axis, NumNode(0))) for axis in range(kernel.shape_len)]
     def moves_together(width: int) -> bool:
-      if prod(sizes) % (width * kernel.local_size): return False
+      if prod(sizes) % width: return False
       sources = [st.expr_idxs(idxs(thread, lane, width)) for lane in range(width)]
       targets = [tile.index(idxs(thread, lane, width), NumNode(0)) for lane in range(width)]
       return (sources[0][0] % width == 0 and targets[0] % width == 0 and all(valid == sources[0][1] for _, valid in sources) and
@@ -99,13 +100,18 @@ def copy_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], 
       chunk = thread + turn * kernel.local_size
       (source, valid), target = st.expr_idxs(idxs(chunk, 0, width)), ctx.index(tile.index(idxs(chunk, 0, width), stage))
       in_range = chunk < prod(sizes) // width  # the last turn may have threads to spare
-      copied = width * bits.itemsize if width > 1 or (bits.itemsize == 4 and in_range.min == 1) else 0  # bytes copied in the background
+      copied = width * bits.itemsize if width > 1 or bits.itemsize == 4 else 0  # bytes copied in the background
       index, gates = ctx.access(source, valid if copied else Node.ands([valid, in_range]))
-      if copied: ctx.uop(UOps.COPY_ASYNC, None, (tile.memory, target, memory, index) + gates, copied, pure=False)
+      if copied:  # on the last turn, only the threads with a chunk left copy
+        block = ctx.open_if(in_range) if in_range.min == 0 else None
+        ctx.uop(UOps.COPY_ASYNC, None, (tile.memory, target, memory, index) + gates, copied, pure=False)
+        if block is not None: ctx.end(block)
       else:
         value = ctx.uop(UOps.LOAD, bits, (memory, index) + gates)
         ctx.uop(UOps.STORE, None, (tile.memory, target, value) + ((ctx.index(in_range),) if in_range.min == 0 else ()), pure=False)
+        stored = True
   ctx.uop(UOps.ASYNC_COMMIT, None, (barriers, ctx.index(stage)), pure=False)
+  return stored
 
 def start_tile_copies(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int]) -> UOp:
   """The stages' barriers (stage s: `s` its copies landed, `stages + s` every thread done reading it), then the copies of the first
@@ -120,12 +126,14 @@ def start_tile_copies(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list
 def enter_trip(ctx: Linearizer, barriers: UOp, bound: dict[int, Node], reduce_axes: list[int], trip: Node) -> Node:
   """Start the copies of trip + stages - 1 into the stage trip - 1 read, once every thread has read it (the (trip - 1) // stages-th
   phase of its barrier; on the first trip the wait is for parity 1 of a fresh barrier, which holds at once), then wait for this
-  trip's own tiles (phase trip // stages of theirs). Returns this trip's stage."""
+  trip's own tiles (phase trip // stages of theirs), and, where threads store tiles themselves, for every thread (a barrier).
+  Returns this trip's stage."""
   stages = ctx.kernel.tile_stages
   ahead = (trip + stages - 1) % stages
   wait_for(ctx, barriers, ahead + stages, ((trip + stages - 1) // stages + 1) % 2)
-  copy_tiles(ctx, bound, reduce_axes, trip + stages - 1, ahead, barriers)
+  stored = copy_tiles(ctx, bound, reduce_axes, trip + stages - 1, ahead, barriers)
   wait_for(ctx, barriers, trip % stages, (trip // stages) % 2)
+  if stored: ctx.barrier()
   return trip % stages
 
 def leave_trip(ctx: Linearizer, barriers: UOp, trip: Node) -> None:
