@@ -11,6 +11,7 @@ from tinyc.codegen.linearizer import Linearizer
 from tinyc.device import Buffer, Device
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import Context, prod
+from tinyc.ops import LoadOps
 from tinyc.schedule import create_schedule
 
 H200 = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST, tensor_cores=True, local_memory_bytes=227 * 1024, compute_units=132)
@@ -80,6 +81,16 @@ def test_the_heuristic_pads_odd_sizes_onto_tensor_cores():
   assert opts[:4] == [Opt(OptOps.PADTO, 0, 128), Opt(OptOps.PADTO, 1, 128), Opt(OptOps.PADTO, 2, 32), Opt(OptOps.TC, 0, 3)]  # to 1024
   assert kernel.full_shape[kernel.axes(AxisKind.REDUCE)[0]] * 16 * 4 == 1024  # 64 elements a trip
   assert kernel.local_size == 4 * 32  # 2 x 2 warps: 8 x 4 work-groups of 2 x 4 warps would leave most of the 132 SMs idle
+
+def test_the_weight_gradient_of_a_16_bit_conv_under_a_sum_reaches_tensor_cores():
+  """The sum's gradient is ones: the conv's output gradient g * 1 must reach the kernel as the plain load g."""
+  x, w, g = (Tensor.rand(*shape, dtype=dtypes.float16).realize() for shape in ((2, 16, 8, 8), (32, 16, 3, 3), (2, 32, 8, 8)))
+  x.requires_grad = w.requires_grad = True
+  (x.conv2d(w, padding=1) * g).sum().backward()
+  (item,) = [item for item in create_schedule([w.grad.lazydata]) if item.ast.op is not LoadOps.COPY]
+  assert (kernel := Kernel(item.ast, H200)).tensor_core_operands()
+  # but its operands run along the batch (K) and the channels (M, N) in NCHW, contiguous along neither: no tile copies of 16 bytes
+  assert OptOps.TC not in [opt.op for opt in hand_coded_optimizations(kernel)]
 
 def test_the_heuristic_gives_big_matmuls_2_x_4_warps():
   kernel = kernel_of(4096, 4096, 512)  # 32 x 16 work-groups of 128 x 256 outputs

@@ -39,7 +39,7 @@ from __future__ import annotations
 import heapq, sys
 from tinyc.dtype import dtypes
 from tinyc.helpers import DEBUG, prod
-from tinyc.ops import BufferOps, ConstBuffer, LazyOp, LoadOps, MemBuffer, ReduceOps, ScheduleItem, const_key
+from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, LoadOps, MemBuffer, ReduceOps, ScheduleItem, UnaryOps, const_key
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.lazy import LazyBuffer
 from tinyc.fusion import Decision, Fusion, Frame, Site, decide
@@ -165,7 +165,7 @@ class KernelBuilder:
     if decision.store is not None: st = decision.store  # computed once per element it stores, whatever view reads it
     if base.op in (LoadOps.ASSIGN, LoadOps.CONTIGUOUS): value = self.build(base.srcs[0].base, base.srcs[0].st + st, shared, enclosing)
     elif isinstance(base.op, ReduceOps): value = LazyOp(base.op, (self.build(base.srcs[0].base, base.srcs[0].st, shared, base.arg),), base.arg)
-    else: value = LazyOp(base.op, tuple(self.build(src.base, src.st + st, shared, enclosing) for src in base.srcs), base.arg)
+    else: value = _without_times_one(LazyOp(base.op, tuple(self.build(src.base, src.st + st, shared, enclosing) for src in base.srcs), base.arg))
     if decision.store is not None: self.also[base] = (value, decision.store)
     return value
 
@@ -173,6 +173,14 @@ class KernelBuilder:
     if self.explained is not None and base not in self.explained and decision.reason:
       self.explained.add(base)
       print(f"schedule: the kernel storing {_describe(self.root)} reads {_describe(base)}: {decision.fusion.name}, as {decision.reason}")
+
+def _without_times_one(node: LazyOp) -> LazyOp:
+  """x * 1 is x, exactly, in every dtype. A backward multiplies by ones (a sum's gradient), and a tensor-core operand must be a load."""
+  if node.op is not BinaryOps.MUL: return node
+  def is_one(operand: LazyOp) -> bool:
+    while operand.op is UnaryOps.CAST: operand = operand.src[0]  # 1 in any dtype is 1 in any other
+    return operand.op is BufferOps.CONST and operand.arg.val == 1 and all(view.mask is None for view in operand.arg.st.views)
+  return node.src[0] if is_one(node.src[1]) else node.src[1] if is_one(node.src[0]) else node
 
 def _reshape_epilogue(node: LazyOp, shape: tuple[int, ...], done: dict[LazyOp, LazyOp] | None = None) -> LazyOp:
   """The epilogue (what lies outside every reduce) with its trackers reshaped to `shape`; each shared subtree once."""

@@ -197,6 +197,11 @@ def _tensor_core_plan(kernel: Kernel) -> bool:
   if not (choices := padded(None).tensor_core_choices()): return False
   m, n, k = choices[0]  # then pad only these: another axis padded is work thrown away (a conv's rows, where its columns are N)
   if (m, n, k) not in (choices := (trial := padded({m, n, k})).tensor_core_choices()): return False
+  # an operand contiguous along neither K nor its own output axis is copied 2 bytes a thread at a time, with a barrier each trip: a
+  # 16-bit conv's weight gradient (the batch for K) ran at 0.03-0.08x cuDNN so, against 0.15-0.31x without tensor cores
+  for number in operands:
+    own = m if not trial.broadcast_along(number, m) else n
+    if all(trial.sts[number].real_strides(ignore_valid=True)[axis] != 1 for axis in (k, own)): return False
   m_at, n_at, k_at = trial.axes(AxisKind.GLOBAL).index(m), trial.axes(AxisKind.GLOBAL).index(n), trial.axes(AxisKind.REDUCE).index(k)
   if not any(_try(trial, Opt(OptOps.TC, choices.index((m, n, k)), stages)) for stages in (3, 2)): return False
   _try(trial, Opt(OptOps.UNROLL, k_at, 4))  # 128 bytes of each row a trip: 4 mma steps of 16 16-bit or 8 float32 elements
