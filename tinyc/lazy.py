@@ -41,16 +41,19 @@ class LazyBuffer:
     return result
   def const(self, value: Any, shape: tuple[int, ...] | None = None) -> LazyBuffer:
     """A constant of this buffer's dtype and device, broadcast to `shape` (default: this shape). Costs no memory."""
-    shape = self.shape if shape is None else shape
-    scalar = LazyBuffer.loadop(LoadOps.CONST, (), self.dtype, self.device, arg=value)
-    return scalar.reshape((1,) * len(shape)).expand(shape)
+    return LazyBuffer.scalar(value, self.dtype, self.device, self.shape if shape is None else shape)
+  @staticmethod
+  def scalar(value: Any, dtype: DType, device: str, shape: tuple[int, ...] = ()) -> LazyBuffer:
+    """A constant `value` broadcast to `shape`: one view of a CONST base (an operand of every `x + 1`)."""
+    base = LazyBuffer.loadop(LoadOps.CONST, (), dtype, device, arg=value)
+    return base._view(ShapeTracker.from_shape(()).reshape((1,) * len(shape)).expand(shape)) if shape else base
 
   def is_unrealized_const(self) -> bool: return self.base.realized is None and self.base.op is LoadOps.CONST
 
   def alu(self, op: UnaryOps | BinaryOps | TernaryOps, *srcs: LazyBuffer, arg: Any = None) -> LazyBuffer:
     """An elementwise op over same-shaped operands (self first)."""
     operands = (self,) + srcs
-    assert all(x.shape == self.shape for x in operands), f"elementwise {op} needs equal shapes, got {[x.shape for x in operands]}"
+    for src in srcs: assert src.shape == self.shape, f"elementwise {op} needs equal shapes, got {[x.shape for x in operands]}"
     if op is UnaryOps.CAST or op is UnaryOps.BITCAST: dtype = arg
     elif op in (BinaryOps.CMPLT, BinaryOps.CMPEQ): dtype = dtypes.bool
     else: dtype = operands[-1].dtype
