@@ -101,7 +101,8 @@ class Program:
     seconds = self.run(*[buf.opaque for buf in buffers], global_size=self.global_size, local_size=self.local_size, wait=profiling or DEBUG >= 2)
     GlobalCounters.add(1, self.flops, self.mem_bytes, seconds or 0.0)
     if seconds is not None:
-      if profiling: profiler.record(self.name, "kernel", started, seconds, self.device, flops=self.flops, bytes=self.mem_bytes, peaks=Device[self.device].peaks)
+      if profiling:
+        profiler.record(self.name, "kernel", started, seconds, self.device, flops=self.flops, bytes=self.mem_bytes, peaks=Device[self.device].peaks)
       if DEBUG >= 2:
         gflops, gbs = rates(self.flops, self.mem_bytes, seconds)
         print(f"{colored(f'*** {self.device:5s} {GlobalCounters.kernel_count:4d}', 'magenta')} {self.name:30s} "
@@ -182,7 +183,8 @@ class Compiled:
     started = time.perf_counter()
     run = self.compile(name, source)
     if DEBUG >= 3: print(f"compiled {name} in {(time.perf_counter() - started) * 1e3:.2f} ms")
-    if profiler.enabled(): profiler.record(f"compile {name}", "compile", began, time.perf_counter() - began, compile_ms=(time.perf_counter() - started) * 1e3)
+    if profiler.enabled():  # the whole build: Opts, lowering, rendering and the compiler (compile_ms: the compiler alone)
+      profiler.record(f"compile {name}", "compile", began, time.perf_counter() - began, compile_ms=(time.perf_counter() - started) * 1e3)
     return Program(name, self.name, run, lowered.flops, lowered.mem_bytes, lowered.global_size, lowered.local_size)
 
 class LoweredKernel(NamedTuple):

@@ -18,8 +18,9 @@ class DType:
   def __post_init__(self) -> None: object.__setattr__(self, "_hash", hash((self.priority, self.itemsize, self.name, self.np_name, self.count)))
   def __hash__(self) -> int: return self._hash  # hashed once: dtypes are in every key of the scheduler's plans
   def __eq__(self, other: object) -> bool:  # the same object, nearly always: asked by every op, so that is checked first
-    return self is other or (isinstance(other, DType) and (self.priority, self.itemsize, self.name, self.np_name, self.count) ==
-                                                          (other.priority, other.itemsize, other.name, other.np_name, other.count))
+    return self is other or (isinstance(other, DType) and self._hash == other._hash and
+                             (self.priority, self.itemsize, self.name, self.np_name, self.count) ==
+                             (other.priority, other.itemsize, other.name, other.np_name, other.count))
   def __reduce__(self) -> tuple: return DType, (self.priority, self.itemsize, self.name, self.np_name, self.count, self.scalar_type)
   def __repr__(self) -> str: return f"dtypes.{self.name}" if self.count == 1 else f"dtypes.{self.scalar().name}.vec({self.count})"
   def vec(self, count: int) -> DType: return DType(self.priority, self.itemsize * count, f"{self.name}x{count}", None, count, self)

@@ -3,7 +3,7 @@ LazyBuffer is a *view*: a base seen through a ShapeTracker, which is why movemen
 Imports helpers, dtype, ops, shape/, device.
 """
 from __future__ import annotations
-import math
+import functools, math
 from typing import Any
 import numpy as np
 from tinyc.dtype import DType, dtypes
@@ -46,7 +46,7 @@ class LazyBuffer:
   def scalar(value: Any, dtype: DType, device: str, shape: tuple[int, ...] = ()) -> LazyBuffer:
     """A constant `value` broadcast to `shape`: one view of a CONST base (an operand of every `x + 1`)."""
     base = LazyBuffer.loadop(LoadOps.CONST, (), dtype, device, arg=value)
-    return base._view(ShapeTracker.from_shape(()).reshape((1,) * len(shape)).expand(shape)) if shape else base
+    return LazyBuffer(device, _scalar_view(shape), dtype, base=base) if shape else base
 
   def is_unrealized_const(self) -> bool: return self.base.realized is None and self.base.op is LoadOps.CONST
 
@@ -118,6 +118,9 @@ class LazyBuffer:
   def shrink(self, bounds: tuple[tuple[int, int], ...]) -> LazyBuffer:
     return self if all(b == (0, s) for b, s in zip(bounds, self.shape)) else self._view(self.st.shrink(bounds))
   def stride(self, steps: tuple[int, ...]) -> LazyBuffer: return self if all(s == 1 for s in steps) else self._view(self.st.stride(steps))
+
+@functools.lru_cache(maxsize=None)
+def _scalar_view(shape: tuple[int, ...]) -> ShapeTracker: return ShapeTracker.from_shape(()).reshape((1,) * len(shape)).expand(shape)
 
 REDUCE_SPLIT_THRESHOLD = 32768  # elements per output from which a reduce is split in two
 MAX_SPLIT_PARTS = 4096  # measured on the H200 at 64M: 4096 parts of 16384 read at 97% of copy bandwidth, 1024 of 65536 at 88%

@@ -85,14 +85,16 @@ def summary(recorded: list[Event]) -> str:
   kernels: dict[str, list[Any]] = {}  # name -> [calls, seconds, flops, bytes, device, peaks]
   for event in (event for event in recorded if event.category == "kernel"):
     total = kernels.setdefault(event.name, [0, 0.0, 0, 0, event.track, event.args.get("peaks")])
-    total[0], total[1], total[2], total[3] = total[0] + 1, total[1] + event.seconds, total[2] + event.args["flops"], total[3] + event.args["bytes"]
+    total[0], total[1] = total[0] + 1, total[1] + event.seconds
+    total[2], total[3] = total[2] + event.args["flops"], total[3] + event.args["bytes"]
   lines = [f"{'kernel':32s} {'device':6s} {'calls':>6s} {'total ms':>9s} {'share':>6s} {'GFLOP/s':>9s} {'GB/s':>9s} {'of peak':>8s}"]
   kernel_seconds = sum(total[1] for total in kernels.values()) or 1.0
   for name, (calls, seconds, flops, mem_bytes, device, peaks) in sorted(kernels.items(), key=lambda item: -item[1][1])[:TOP_KERNELS]:
     gflops, gbs = rates(flops, mem_bytes, seconds)
     # the share of the nearer ceiling: a kernel is bound by compute or by memory, whichever it comes closer to
     of_peak = f"{max(gflops / peaks[0], gbs / peaks[1]) * 100:7.1f}%" if peaks else "       -"
-    lines.append(f"{name[:32]:32s} {device:6s} {calls:6d} {seconds * 1e3:9.3f} {seconds / kernel_seconds * 100:5.1f}% {gflops:9.2f} {gbs:9.2f} {of_peak}")
+    share = seconds / kernel_seconds * 100
+    lines.append(f"{name[:32]:32s} {device:6s} {calls:6d} {seconds * 1e3:9.3f} {share:5.1f}% {gflops:9.2f} {gbs:9.2f} {of_peak}")
   if len(kernels) > TOP_KERNELS: lines.append(f"... and {len(kernels) - TOP_KERNELS} more kernels")
   no_peaks = sorted({total[4] for total in kernels.values() if not total[5]})
   if no_peaks: lines.append(f"(of peak: tinyc has no peak figures for {', '.join(no_peaks)})")

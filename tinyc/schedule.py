@@ -295,7 +295,8 @@ def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   if DEBUG >= 3: return _schedule(targets)  # the decisions are printed as they are made
   started = time.perf_counter() if (profiling := profiler.enabled()) else 0.0
   key, bases = _structure(targets)
-  if (reused := (plan := _plans.get(key)) is not None) is False:
+  plan = _plans.get(key)
+  if not (reused := plan is not None):
     position = {base: index for index, base in enumerate(bases)}
     plan = [(item.ast, tuple(position[out] for out in item.outs), tuple(position[src] for src in item.inputs)) for item in _schedule(targets)]
     _plans[key] = plan
@@ -309,17 +310,21 @@ def _structure(targets: list[LazyBuffer]) -> tuple[tuple, list[LazyBuffer]]:
   position: dict[LazyBuffer, int] = {}
   bases: list[LazyBuffer] = []
   entries: list[tuple] = []
-  def visit(base: LazyBuffer) -> int:  # every eager realize walks its graph here: written for speed (list comprehensions, no lookups twice)
-    if (known := position.get(base)) is not None: return known
-    if base.realized is not None: entry: tuple = (base.dtype, base.device, base.shape)  # an input: only what it holds
-    elif (op := base.op) is LoadOps.CONST: entry = (op, const_key(base.arg), base.dtype, base.device, base.shape)  # -0.0 == 0.0, 1 / -0.0 is not
-    else: entry = (op, base.arg, base.dtype, base.device, base.shape, tuple([(visit(src.base), src.st) for src in base.srcs]))
-    position[base] = index = len(bases)
-    bases.append(base)
-    entries.append(entry)
-    return index
-  roots = tuple(visit(target) for target in targets)
+  roots = tuple([_visit(target, position, bases, entries) for target in targets])
   return (roots, tuple(entries)), bases
+
+def _visit(base: LazyBuffer, position: dict[LazyBuffer, int], bases: list[LazyBuffer], entries: list[tuple]) -> int:
+  """The position of `base` in the walk, its sources first. Every eager realize walks its graph here, so it is written for speed; and
+  at module level, as a recursive closure is a reference cycle that would keep the walk's bases and buffers alive until a GC."""
+  if (known := position.get(base)) is not None: return known
+  if base.realized is not None: entry: tuple = (base.dtype, base.device, base.shape)  # an input: only what it holds
+  elif (op := base.op) is LoadOps.CONST: entry = (op, const_key(base.arg), base.dtype, base.device, base.shape)  # -0.0 == 0.0, 1 / -0.0 is not
+  else:
+    entry = (op, base.arg, base.dtype, base.device, base.shape, tuple([(_visit(src.base, position, bases, entries), src.st) for src in base.srcs]))
+  position[base] = index = len(bases)
+  bases.append(base)
+  entries.append(entry)
+  return index
 
 def _schedule(targets: list[LazyBuffer]) -> list[ScheduleItem]:
   consumers = _count_consumers(targets)

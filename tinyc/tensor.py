@@ -134,7 +134,7 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
     context = function(tensors[0].device, [t.requires_grad for t in tensors])
     # under no_grad nothing is recorded and, as in torch, the result does not require grad (else it would collect a .grad like a leaf)
     requires_grad = context.requires_grad and not Tensor.no_grad
-    result = cls(context.forward(*[t.lazydata for t in tensors], **kwargs), device=context.device, requires_grad=requires_grad)
+    result = cls(context.forward(*[t.lazydata for t in tensors], **kwargs), requires_grad=requires_grad)  # on the inputs' device
     if requires_grad:
       context.parents = tensors  # type: ignore[attr-defined]
       result._ctx = context
@@ -196,18 +196,17 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
   def contiguous_backward(self) -> Tensor: return Tensor._apply(F.ContiguousBackward, self)
 
   # ---- broadcasting binary ops ----
-  def _to_tensor(self, other: Tensor | Scalar, dtype: DType, shape: tuple[int, ...] = ()) -> Tensor:
-    if isinstance(other, Tensor): return other.cast(dtype)
-    if not isinstance(other, (int, float, bool)): raise TypeError(f"unsupported operand type {type(other).__name__} for a Tensor op")
-    # built directly, not through Tensor(other, dtype=...), which refuses an int that does not fit: an operand keeps its value as C reads it
-    return Tensor(LazyBuffer.scalar(_cast_scalar(other, dtype), dtype, self.device, shape))  # in `shape` at once: no Tensor ops to record
-
   def _broadcasted(self, other: Tensor | Scalar, reverse: bool = False, dtype: DType | None = None) -> tuple[Tensor, Tensor]:
     """Both operands cast to their promoted dtype (PyTorch's rules) and expanded to the broadcast shape."""
-    if dtype is None:
-      dtype = least_upper_dtype(self.dtype, other.dtype) if isinstance(other, Tensor) else result_dtype_with_scalar(self.dtype, other)
-    x, y = self.cast(dtype), self._to_tensor(other, dtype, self.shape)
-    if not isinstance(other, Tensor): return (y, x) if reverse else (x, y)  # a number is made in self's shape and device
+    if not isinstance(other, Tensor):
+      if not isinstance(other, (int, float, bool)): raise TypeError(f"unsupported operand type {type(other).__name__} for a Tensor op")
+      x = self.cast(dtype or result_dtype_with_scalar(self.dtype, other))
+      # a constant in x's shape at once (no Tensor ops to record), not Tensor(other, dtype=...), which refuses an int that does not
+      # fit: an operand keeps its value as C reads it
+      y = Tensor(LazyBuffer.scalar(_cast_scalar(other, x.dtype), x.dtype, x.device, x.shape))
+      return (y, x) if reverse else (x, y)
+    if dtype is None: dtype = least_upper_dtype(self.dtype, other.dtype)
+    x, y = self.cast(dtype), other.cast(dtype)
     if x.device != y.device: raise RuntimeError(f"Expected all tensors to be on the same device, but found {x.device} and {y.device}")
     if reverse: x, y = y, x
     shape = broadcast_shape(x.shape, y.shape)
