@@ -60,3 +60,13 @@ def test_a_failed_write_leaves_the_old_trace_whole(tmp_path, monkeypatch):
   with pytest.raises(OSError, match="disk full"): profiler.write_trace(events * 2, str(path))
   assert path.read_text() == before and json.loads(before)["traceEvents"][-1]["name"] == "k"
   assert [child.name for child in tmp_path.iterdir()] == ["trace.json"]
+
+def test_tinyjit_replays_are_profiled_kernel_by_kernel(tmp_path):
+  from tinyc.jit import TinyJit
+  step = TinyJit(lambda x: (x * 2 + 1).realize())
+  profiler.finish()
+  with Context(PROFILE=str(tmp_path / "jit.json")):
+    for value in range(4): np.testing.assert_allclose(step(Tensor([float(value)] * 8).realize()).numpy(), [value * 2.0 + 1] * 8)
+  kernels = [event for event in profiler.events() if event.category == "kernel"]
+  assert len(kernels) == 4 and len({event.name for event in kernels}) == 1  # two runs, then two replays (a CUDA graph launches them one by one)
+  profiler.finish()
