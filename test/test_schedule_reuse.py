@@ -76,3 +76,68 @@ def test_a_plan_keeps_no_buffer_alive():
   del data, out
   gc.collect()
   assert alive() is None
+
+@pytest.fixture
+def scheduler_calls(monkeypatch):
+  """The graphs the scheduler itself scheduled (a reused plan does not count), each as the ids of its targets."""
+  calls = []
+  original = schedule._schedule
+  monkeypatch.setattr(schedule, "_plans", {})
+  monkeypatch.setattr(schedule, "_schedule", lambda targets: calls.append([id(target) for target in targets]) or original(targets))
+  return calls
+
+def numpy_pad_rows(x, before, after): return np.pad(x, ((before, after), (0, 0)))
+
+# (tinyc, numpy) pairs for two graphs that differ in one thing: each must be scheduled anew and give numpy's values
+DIFFERING = {
+  "constant": ((lambda a, b: a * b + 1, lambda a, b: a * b + 1), (lambda a, b: a * b + 2, lambda a, b: a * b + 2)),
+  "negative zero": ((lambda a, b: 1 / (a * 0.0), lambda a, b: 1 / (a * 0.0)),
+                    (lambda a, b: 1 / (a * -0.0), lambda a, b: 1 / (a * -0.0))),
+  "dtype": ((lambda a, b: (a * 4).cast(dtypes.int32) + 1, lambda a, b: (a * 4).astype(np.int32) + 1),
+            (lambda a, b: (a * 4).cast(dtypes.int16) + 1, lambda a, b: (a * 4).astype(np.int16) + 1)),
+  "shape": ((lambda a, b: a[:2] * b[:2] + 1, lambda a, b: a[:2] * b[:2] + 1), (lambda a, b: a[:3] * b[:3] + 1, lambda a, b: a[:3] * b[:3] + 1)),
+  "permute": ((lambda a, b: a.T * 2 + b.T, lambda a, b: a.T * 2 + b.T),
+              (lambda a, b: a.T * 2 + b.reshape(6, 4), lambda a, b: a.T * 2 + b.reshape(6, 4))),
+  "expand": ((lambda a, b: a[0:1].expand(4, 6) * b, lambda a, b: a[0:1] * b), (lambda a, b: a[0:4] * b, lambda a, b: a * b)),
+  "pad": ((lambda a, b: a.pad(((1, 0), (0, 0)))[:4] * b, lambda a, b: numpy_pad_rows(a, 1, 0)[:4] * b),
+          (lambda a, b: a.pad(((0, 1), (0, 0)))[:4] * b, lambda a, b: numpy_pad_rows(a, 0, 1)[:4] * b)),
+  "a realized input or the graph that makes it": ((lambda a, b: (a.exp() * b).sum(1), lambda a, b: (np.exp(a) * b).sum(1)),
+                                                   (lambda a, b: (a.exp().realize() * b).sum(1), lambda a, b: (np.exp(a) * b).sum(1))),
+  "one input twice or two inputs": ((lambda a, b: a * b + 1, lambda a, b: a * b + 1), (lambda a, b: a * a + 1, lambda a, b: a * a + 1)),
+}
+
+@pytest.mark.parametrize("change", DIFFERING)
+def test_a_changed_structure_is_scheduled_anew_and_computes_the_right_values(change, scheduler_calls):
+  a, b = fresh(seed=11), fresh(seed=12)
+  for graph, reference in DIFFERING[change]:
+    out = graph(a, b).realize()
+    assert id(out.lazydata.base) in scheduler_calls[-1], f"{change}: a graph reused the plan of the one before"
+    with np.errstate(divide="ignore"): np.testing.assert_allclose(out.numpy(), reference(a.numpy(), b.numpy()), rtol=1e-5, atol=1e-6)
+
+def test_an_eager_loop_schedules_once(scheduler_calls):
+  for step in range(5):  # new inputs and a new graph every call: only the structure repeats
+    a, b = fresh(seed=20 + step), fresh(seed=40 + step)
+    np.testing.assert_allclose((a * b + 1).realize().numpy(), a.numpy() * b.numpy() + 1, rtol=1e-5, atol=1e-6)
+  assert len(scheduler_calls) == 1
+
+def test_an_assign_reuses_the_plan_with_its_own_target(scheduler_calls):
+  first, second, value = fresh(seed=16), fresh(seed=17), fresh(seed=18)
+  first.assign(value * 2 + first).realize()
+  expected_second = value.numpy() * 2 + second.numpy()
+  second.assign(value * 2 + second).realize()  # the same structure, another target: the plan's write goes to second's memory
+  np.testing.assert_allclose(second.numpy(), expected_second, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(first.numpy(), value.numpy() * 2 + fresh(seed=16).numpy(), rtol=1e-5, atol=1e-6)
+  assert len(scheduler_calls) == 1
+  (value * 2 + second).realize()  # the same value without the assign: another structure
+  assert len(scheduler_calls) == 2
+
+def test_another_device_is_another_structure(scheduler_calls):
+  from tinyc import Device
+  other = next((name for name in ("LLVM", "GPU") if name != Device.DEFAULT and Device.usable(name)), None)
+  if other is None: pytest.skip("only one device opens here")
+  data = np.arange(24, dtype=np.float32).reshape(4, 6)
+  here, there = Tensor(data).realize(), Tensor(data, device=other).realize()
+  np.testing.assert_allclose((here * 2 + 1).numpy(), data * 2 + 1)
+  result = (there * 2 + 1).realize()
+  assert result.device == other and len(scheduler_calls) == 2
+  np.testing.assert_allclose(result.numpy(), data * 2 + 1)

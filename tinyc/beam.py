@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 from tinyc.dtype import dtypes
 from tinyc.helpers import ALLOW_TF32, BEAM, DEBUG, getenv, prod
+from tinyc import profiler
 from tinyc.ops import LazyOp, MemBuffer, output_count
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.kernel import Kernel, KernelOptError, KernelTarget, Opt
@@ -47,7 +48,7 @@ def beam_opts(device: Compiled, ast: LazyOp) -> tuple[Opt, ...]:
     opts = cache_get(key)
     if opts is not None and not _applies(ast, opts, device.target): opts = None  # written by another version of tinyc: search again
     if opts is None:
-      opts, verified = search(device, ast)
+      with profiler.span("BEAM search", "beam", device=device.name): opts, verified = search(device, ast)
       if verified: cache_put(key, opts)
     _chosen[chosen_key] = opts
   return opts

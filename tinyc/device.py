@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 import numpy as np
 from tinyc.dtype import DType, dtypes
-from tinyc.helpers import ALLOW_TF32, DEBUG, GlobalCounters, colored, getenv
+from tinyc.helpers import ALLOW_TF32, DEBUG, GlobalCounters, colored, getenv, rates
+from tinyc import profiler
 from tinyc.ops import LazyOp, MemBuffer
 from tinyc.codegen.kernel import CPU_TARGET, Kernel, KernelTarget, Opt
 from tinyc.codegen.heuristic import hand_coded_optimizations
@@ -53,13 +54,13 @@ class Buffer:
   @property
   def opaque(self) -> Any:
     if self._opaque is None:
-      self._opaque = self.allocator.alloc(self.nbytes)
-      GlobalCounters.add(mem_used=self.nbytes)
+      self._opaque = self.allocator.alloc(nbytes := self.size * self.dtype.itemsize)
+      GlobalCounters.add_memory(nbytes)
     return self._opaque
   def __del__(self) -> None:
     if getattr(self, "_opaque", None) is None: return
-    GlobalCounters.add(mem_used=-self.nbytes)
-    self.allocator.free(self._opaque, self.nbytes)
+    GlobalCounters.add_memory(-(nbytes := self.size * self.dtype.itemsize))
+    self.allocator.free(self._opaque, nbytes)
   def __repr__(self) -> str: return f"<Buffer {self.device} {self.size} {self.dtype.name}>"
   def copyin(self, data: np.ndarray) -> Buffer:
     assert data.nbytes == self.nbytes, f"copyin of {data.nbytes} bytes into a buffer of {self.nbytes}"
@@ -96,13 +97,16 @@ class Program:
   global_size: tuple[int, int, int] | None = None
   local_size: tuple[int, int, int] | None = None
   def __call__(self, buffers: list[Buffer]) -> None:
-    wait = DEBUG >= 2
-    seconds = self.run(*[buf.opaque for buf in buffers], global_size=self.global_size, local_size=self.local_size, wait=wait)
-    GlobalCounters.add(kernels=1, ops=self.flops, mem=self.mem_bytes, seconds=seconds or 0.0)
+    started = time.perf_counter() if (profiling := profiler.enabled()) else 0.0
+    seconds = self.run(*[buf.opaque for buf in buffers], global_size=self.global_size, local_size=self.local_size, wait=profiling or DEBUG >= 2)
+    GlobalCounters.add(1, self.flops, self.mem_bytes, seconds or 0.0)
     if seconds is not None:
+      if profiling:
+        profiler.record(self.name, "kernel", started, seconds, self.device, flops=self.flops, bytes=self.mem_bytes, peaks=Device[self.device].peaks)
       if DEBUG >= 2:
+        gflops, gbs = rates(self.flops, self.mem_bytes, seconds)
         print(f"{colored(f'*** {self.device:5s} {GlobalCounters.kernel_count:4d}', 'magenta')} {self.name:30s} "
-              f"{seconds * 1e6:9.2f} us  {self.flops / seconds * 1e-9:8.2f} GFLOP/s  {self.mem_bytes / seconds * 1e-9:8.2f} GB/s")
+              f"{seconds * 1e6:9.2f} us  {gflops:8.2f} GFLOP/s  {gbs:8.2f} GB/s")
 
 def launch_sizes(uops: list[UOp], max_local: int = 256) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
   """(global, local) thread counts from a kernel's SPECIAL uops. With explicit work-groups (group and local ids) they are the
@@ -128,6 +132,7 @@ def cpu_launch_sizes(uops: list[UOp]) -> tuple[tuple[int, int, int] | None, tupl
 
 class Compiled:
   """A backend: allocator + renderer (name, uops -> source) + compiler (name, source -> runnable) + a cache from AST to Program."""
+  peaks: tuple[float, float] | None = None  # (GFLOP/s, GB/s): the device's float32 and memory ceilings where known (the profiler's "of peak")
   def __init__(self, name: str, allocator: Allocator, render: Callable[[str, list[UOp]], str], compile: Callable[[str, str], Callable[..., Any]],
                *, language: str, threads: bool = False, max_local: int = 256, target: KernelTarget = CPU_TARGET,
                compile_binary: Callable[[str, str], bytes] | None = None, load: Callable[[str, str, bytes], Callable[..., Any]] | None = None,
@@ -162,6 +167,7 @@ class Compiled:
     return program
 
   def _build_program(self, ast: LazyOp, opts: tuple[Opt, ...] | None) -> Program:
+    began = time.perf_counter()
     kernel = Kernel(ast, self.target)
     kernel.print_ast()
     if opts is None: hand_coded_optimizations(kernel)
@@ -177,6 +183,8 @@ class Compiled:
     started = time.perf_counter()
     run = self.compile(name, source)
     if DEBUG >= 3: print(f"compiled {name} in {(time.perf_counter() - started) * 1e3:.2f} ms")
+    if profiler.enabled():  # the whole build: Opts, lowering, rendering and the compiler (compile_ms: the compiler alone)
+      profiler.record(f"compile {name}", "compile", began, time.perf_counter() - began, compile_ms=(time.perf_counter() - started) * 1e3)
     return Program(name, self.name, run, lowered.flops, lowered.mem_bytes, lowered.global_size, lowered.local_size)
 
 class LoweredKernel(NamedTuple):
@@ -224,6 +232,7 @@ class DeviceRegistry:
     if base not in BACKENDS: raise ValueError(f"unknown device {name!r}: tinyc has {', '.join(BACKENDS)} (set LLVM=1, GPU=1, CUDA=1 or DEVICE=NAME)")
     return base
   def __getitem__(self, name: str) -> Compiled:
+    if (device := self._opened.get(name)) is not None: return device  # a canonical name (what every LazyBuffer holds) of an open device
     name = self.canonicalize(name)
     if (device := self._opened.get(name)) is not None: return device
     with self._opening:

@@ -14,6 +14,14 @@ class DType:
   np_name: str | None  # numpy's name for it; None where numpy has no such type (bfloat16)
   count: int = 1       # lanes of a vector type (float4 in GPU code: 16-byte loads and stores); 1 for a scalar
   scalar_type: DType | None = field(default=None, compare=False, repr=False)
+  _hash: int = field(default=0, init=False, compare=False, repr=False)
+  def __post_init__(self) -> None: object.__setattr__(self, "_hash", hash((self.priority, self.itemsize, self.name, self.np_name, self.count)))
+  def __hash__(self) -> int: return self._hash  # hashed once: dtypes are in every key of the scheduler's plans
+  def __eq__(self, other: object) -> bool:  # the same object, nearly always: asked by every op, so that is checked first
+    return self is other or (isinstance(other, DType) and self._hash == other._hash and
+                             (self.priority, self.itemsize, self.name, self.np_name, self.count) ==
+                             (other.priority, other.itemsize, other.name, other.np_name, other.count))
+  def __reduce__(self) -> tuple: return DType, (self.priority, self.itemsize, self.name, self.np_name, self.count, self.scalar_type)
   def __repr__(self) -> str: return f"dtypes.{self.name}" if self.count == 1 else f"dtypes.{self.scalar().name}.vec({self.count})"
   def vec(self, count: int) -> DType: return DType(self.priority, self.itemsize * count, f"{self.name}x{count}", None, count, self)
   def scalar(self) -> DType: return self.scalar_type if self.scalar_type is not None else self
@@ -87,6 +95,7 @@ PROMOTION_PARENTS: dict[DType, list[DType]] = {
 def _ancestors(dtype: DType) -> frozenset[DType]:
   return frozenset([dtype]).union(*[_ancestors(parent) for parent in PROMOTION_PARENTS[dtype]])
 
+@functools.cache  # asked by every binary op
 def least_upper_dtype(*ds: DType) -> DType:
   """The dtype PyTorch computes in when tensors of these dtypes meet in one op."""
   if len(ds) == 1: return ds[0]

@@ -6,12 +6,12 @@ Glossary of the abbreviations used across tinyc:
   ptr   pointer to a buffer   np    numpy             gidx  global loop index     ridx reduce loop index
 """
 from __future__ import annotations
-import contextlib, contextvars, functools, itertools, operator, os, sys, threading, time
+import contextlib, contextvars, functools, itertools, math, os, sys, threading, time
 from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
 
-def prod(xs: Iterable[Any]) -> Any: return functools.reduce(operator.mul, xs, 1)
+def prod(xs: Iterable[Any]) -> Any: return math.prod(xs)
 def dedup(xs: Iterable[T]) -> list[T]: return list(dict.fromkeys(xs))
 def argsort(xs: Sequence[Any]) -> list[int]: return sorted(range(len(xs)), key=xs.__getitem__)
 def all_int(xs: Iterable[Any]) -> bool: return all(isinstance(x, int) for x in xs)
@@ -43,9 +43,13 @@ def keyword_aliases(**aliases: str) -> Callable[[Fn], Fn]:
     return call  # type: ignore[return-value]
   return decorate
 
+POSIX = os.name == "posix"
 def getenv(key: str, default: Any = 0) -> Any:
   """The environment variable `key` converted to the type of `default`; read each call so changes take effect at once."""
-  raw = os.environ.get(key)
+  # os.environ.get takes ~0.7 us (an unset name raises and catches a KeyError inside) and an eager realize reads several settings:
+  # on POSIX, look the name up in the dict of encoded names that os.environ keeps and updates on every change, where it has one
+  encoded = getattr(os.environ, "_data", None) if POSIX else None
+  raw = os.environ.get(key) if not isinstance(encoded, dict) else None if (value := encoded.get(key.encode())) is None else os.fsdecode(value)
   return default if raw is None else type(default)(raw)
 
 class ContextVar:
@@ -84,6 +88,7 @@ def Context(**settings: Any) -> Iterator[None]:
 DEBUG, BEAM, NOOPT, CI = ContextVar("DEBUG", 0), ContextVar("BEAM", 0), ContextVar("NOOPT", 0), ContextVar("CI", "")
 CPU_THREADS = ContextVar("CPU_THREADS", 0)  # threads a CPU kernel may use; 0: one per core this process may run on, 1: serial
 ALLOW_TF32 = ContextVar("ALLOW_TF32", 0)  # 1: float32 matmuls may run on TF32 tensor cores (10-bit mantissas in the products), as torch's allow_tf32
+PROFILE = ContextVar("PROFILE", "")  # 1: record a trace and print a summary at exit (profiler.py); a path other than 1: the trace goes there
 CHECK_INDEX = ContextVar("CHECK_INDEX", 1)  # 0: index tensors are not checked for out-of-range values (index_check.py), which then read 0
 
 class ThreadRecorder(Generic[T]):
@@ -120,6 +125,13 @@ class GlobalCounters:
       GlobalCounters.global_mem += mem
       GlobalCounters.time_sum_s += seconds
       GlobalCounters.mem_used += mem_used
+  @staticmethod
+  def add_memory(nbytes: int) -> None:  # every buffer taken and given back: the eager path's share of add()
+    with GlobalCounters.lock: GlobalCounters.mem_used += nbytes
+
+def rates(flops: int, mem_bytes: int, seconds: float) -> tuple[float, float]:
+  """(GFLOP/s, GB/s) of a kernel that took `seconds`: what DEBUG=2 prints and the profiler sums."""
+  return flops / seconds * 1e-9, mem_bytes / seconds * 1e-9
 
 class Timing(contextlib.ContextDecorator):
   """Print how long a block took: `with Timing("schedule: "): ...`."""

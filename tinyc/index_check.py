@@ -53,6 +53,7 @@ def add(extremes: LazyBuffer, low: int, high: int, message: str) -> None:
 
 def claim() -> list[IndexCheck]:
   """The checks no realize has computed yet, for the caller's realize to compute."""
+  if not _unscheduled: return []  # nearly always, in an eager loop (a check another thread adds meanwhile goes to the next realize)
   with _lock:
     claimed = _unscheduled[:]
     _unscheduled.clear()
@@ -68,6 +69,7 @@ def release(checks: list[IndexCheck]) -> None:
 
 def read_pending(only_if_over_limit: bool = False) -> None:
   """Read every computed check (dropping it) and raise for the first index out of range."""
+  if only_if_over_limit and len(_scheduled) <= MAX_PENDING: return  # every realize asks; a check added meanwhile waits for the next
   with _lock:
     if only_if_over_limit and len(_scheduled) <= MAX_PENDING: return
     ready = [check for check in _scheduled if check.extremes.is_realized()]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib, functools, threading
 from typing import Any, Callable, Generic, TypeVar
 from tinyc.helpers import DEBUG
+from tinyc import profiler
 from tinyc.device import Buffer, Device, Program
 from tinyc.realize import Step, steps_run
 from tinyc import index_check
@@ -77,8 +78,8 @@ class TinyJit(Generic[ReturnType]):
 
   def _replay(self, input_buffers: list[Buffer]) -> ReturnType:
     for step, position, number in self.input_slots: self.steps[step][1][position] = input_buffers[number]
-    if self.graph is not None and DEBUG < 2: self.graph(input_buffers)  # DEBUG=2 times each kernel: launch them one by one
-    else:
+    if self.graph is not None and DEBUG < 2 and not profiler.enabled(): self.graph(input_buffers)
+    else:  # DEBUG=2 and PROFILE time each kernel: launch them one by one
       for run, buffers in self.steps: run(buffers)
     index_check.raise_if_out_of_range(self.checks)
     return self.result

@@ -3,7 +3,7 @@ LazyBuffer is a *view*: a base seen through a ShapeTracker, which is why movemen
 Imports helpers, dtype, ops, shape/, device.
 """
 from __future__ import annotations
-import math
+import functools, math
 from typing import Any
 import numpy as np
 from tinyc.dtype import DType, dtypes
@@ -41,16 +41,19 @@ class LazyBuffer:
     return result
   def const(self, value: Any, shape: tuple[int, ...] | None = None) -> LazyBuffer:
     """A constant of this buffer's dtype and device, broadcast to `shape` (default: this shape). Costs no memory."""
-    shape = self.shape if shape is None else shape
-    scalar = LazyBuffer.loadop(LoadOps.CONST, (), self.dtype, self.device, arg=value)
-    return scalar.reshape((1,) * len(shape)).expand(shape)
+    return LazyBuffer.scalar(value, self.dtype, self.device, self.shape if shape is None else shape)
+  @staticmethod
+  def scalar(value: Any, dtype: DType, device: str, shape: tuple[int, ...] = ()) -> LazyBuffer:
+    """A constant `value` broadcast to `shape`: one view of a CONST base (an operand of every `x + 1`)."""
+    base = LazyBuffer.loadop(LoadOps.CONST, (), dtype, device, arg=value)
+    return LazyBuffer(device, _scalar_view(shape), dtype, base=base) if shape else base
 
   def is_unrealized_const(self) -> bool: return self.base.realized is None and self.base.op is LoadOps.CONST
 
   def alu(self, op: UnaryOps | BinaryOps | TernaryOps, *srcs: LazyBuffer, arg: Any = None) -> LazyBuffer:
     """An elementwise op over same-shaped operands (self first)."""
     operands = (self,) + srcs
-    assert all(x.shape == self.shape for x in operands), f"elementwise {op} needs equal shapes, got {[x.shape for x in operands]}"
+    for src in srcs: assert src.shape == self.shape, f"elementwise {op} needs equal shapes, got {[x.shape for x in operands]}"
     if op is UnaryOps.CAST or op is UnaryOps.BITCAST: dtype = arg
     elif op in (BinaryOps.CMPLT, BinaryOps.CMPEQ): dtype = dtypes.bool
     else: dtype = operands[-1].dtype
@@ -115,6 +118,9 @@ class LazyBuffer:
   def shrink(self, bounds: tuple[tuple[int, int], ...]) -> LazyBuffer:
     return self if all(b == (0, s) for b, s in zip(bounds, self.shape)) else self._view(self.st.shrink(bounds))
   def stride(self, steps: tuple[int, ...]) -> LazyBuffer: return self if all(s == 1 for s in steps) else self._view(self.st.stride(steps))
+
+@functools.lru_cache(maxsize=None)
+def _scalar_view(shape: tuple[int, ...]) -> ShapeTracker: return ShapeTracker.from_shape(()).reshape((1,) * len(shape)).expand(shape)
 
 REDUCE_SPLIT_THRESHOLD = 32768  # elements per output from which a reduce is split in two
 MAX_SPLIT_PARTS = 4096  # measured on the H200 at 64M: 4096 parts of 16384 read at 97% of copy bandwidth, 1024 of 65536 at 88%

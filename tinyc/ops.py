@@ -2,7 +2,7 @@
 from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum, auto
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 from tinyc.dtype import DType, dtypes
 from tinyc.shape.shapetracker import ShapeTracker
 
@@ -61,6 +61,7 @@ class LazyOp:
   _hash: int = field(default=0, init=False, repr=False, compare=False)
   def __post_init__(self) -> None: object.__setattr__(self, "_hash", hash((self.op, self.src, self.arg)))
   def __hash__(self) -> int: return self._hash
+  def __reduce__(self) -> tuple: return LazyOp, (self.op, self.src, self.arg)  # another process hashes enums (by name) and None differently
   def __eq__(self, other: object) -> bool:
     return self is other or (isinstance(other, LazyOp) and self._hash == other._hash and self.op == other.op and self.arg == other.arg
                              and self.src == other.src)
@@ -88,8 +89,7 @@ class LazyOp:
       done[self] = mapped = LazyOp(self.op, srcs, fn(self.arg) if self.op in BufferOps else self.arg)
     return mapped
 
-@dataclass(frozen=True)
-class ScheduleItem:
+class ScheduleItem(NamedTuple):  # a NamedTuple: an eager realize makes one per kernel, and a frozen dataclass takes 1 us to build
   """One kernel to run (or one LoadOp to perform): its AST, the buffers it writes (the SINK's STOREs in order; a LoadOp has one)
   and the buffers it reads. Its program is called with the outputs' buffers, then the inputs'."""
   ast: LazyOp

@@ -9,7 +9,7 @@ for that result instead.
 from __future__ import annotations
 import threading
 from typing import Callable
-from tinyc.helpers import BEAM, DEBUG, GlobalCounters, ThreadRecorder, prod
+from tinyc.helpers import BEAM, DEBUG, GlobalCounters, ThreadRecorder
 from tinyc.ops import LazyOp, LoadOps, ScheduleItem
 from tinyc.device import Buffer, Device, Program, copy_buffer
 from tinyc.beam import beam_opts
@@ -44,9 +44,12 @@ def _claim(outs: tuple[LazyBuffer, ...]) -> threading.Lock | None:
   them all, STALE once it has computed some (its schedule grouped them otherwise: the item would compute those again)."""
   while True:
     with _graph_lock:
-      if all(out.realized is not None for out in outs): return None
-      if any(out.realized is not None for out in outs): return STALE
-      if (busy := next((lock for out in outs if (lock := _computing.get(out)) is not None), None)) is None:
+      computed, busy = 0, None  # a loop, not all()/any()/next(): this runs for every kernel of every eager realize
+      for out in outs:
+        if out.realized is not None: computed += 1
+        elif busy is None: busy = _computing.get(out)
+      if computed: return None if computed == len(outs) else STALE
+      if busy is None:
         busy = threading.Lock()
         busy.acquire()
         for out in outs: _computing[out] = busy
@@ -55,13 +58,13 @@ def _claim(outs: tuple[LazyBuffer, ...]) -> threading.Lock | None:
 
 def _compute(item: ScheduleItem) -> list[Buffer]:
   buffers = [_output_buffer(out) for out in item.outs]
-  if item.ast.op is LoadOps.COPY: _run(copy_buffer, [buffers[0], item.inputs[0].realized])
-  elif item.ast.op is not LoadOps.EMPTY: _run(program_for(item.ast, item.outs[0].device), buffers + [src.realized for src in item.inputs])
+  if (op := item.ast.op) is LoadOps.COPY: _run(copy_buffer, [buffers[0], item.inputs[0].realized])
+  elif op is not LoadOps.EMPTY: _run(program_for(item.ast, item.outs[0].device), buffers + [src.realized for src in item.inputs])
   return buffers
 
 def _output_buffer(out: LazyBuffer) -> Buffer:
   """Where an output goes: the target's own memory for an assign, else a new buffer."""
-  if out.op is not LoadOps.ASSIGN: return Buffer(out.device, prod(out.shape), out.dtype)
+  if out.op is not LoadOps.ASSIGN: return Buffer(out.device, out.st.size, out.dtype)
   assert (buffer := out.srcs[1].realized) is not None, f"assign into {out.srcs[1]}, which has no buffer"
   return buffer
 
@@ -71,7 +74,7 @@ def program_for(ast: LazyOp, device_name: str) -> Program:
   return device.get_program(ast, beam_opts(device, ast) if BEAM >= 1 and device.compile_binary is not None else None)
 
 def _run(step: Callable[[list[Buffer]], None], buffers: list[Buffer | None]) -> None:
-  assert all(buf is not None for buf in buffers), f"{step} reads an unrealized input"
+  assert None not in buffers, f"{step} reads an unrealized input"
   step(buffers)  # type: ignore[arg-type]
   steps_run.note((step, buffers))  # type: ignore[arg-type]
 

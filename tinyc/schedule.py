@@ -36,9 +36,10 @@ Rules 3 and 8 depend on what later kernels decide: a pass that stores a value an
 with that value known to be stored from the start (see Scheduler).
 """
 from __future__ import annotations
-import heapq, sys
+import heapq, sys, time
 from tinyc.dtype import dtypes
 from tinyc.helpers import DEBUG, prod
+from tinyc import profiler
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, LoadOps, MemBuffer, ReduceOps, ScheduleItem, UnaryOps, const_key
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.lazy import LazyBuffer
@@ -298,32 +299,40 @@ def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   """The kernels that compute `outs`, in an order where each runs after the kernels it reads. A graph of a structure scheduled
   before (the same ops, args, views, dtypes and devices, realized inputs aliased alike; not the data) reuses that plan."""
   targets = [out.base for out in outs if out.base.realized is None]
+  if not targets: return []
   if DEBUG >= 3: return _schedule(targets)  # the decisions are printed as they are made
+  started = time.perf_counter() if (profiling := profiler.enabled()) else 0.0
   key, bases = _structure(targets)
-  if (plan := _plans.get(key)) is None:
+  plan = _plans.get(key)
+  if not (reused := plan is not None):
     position = {base: index for index, base in enumerate(bases)}
     plan = [(item.ast, tuple(position[out] for out in item.outs), tuple(position[src] for src in item.inputs)) for item in _schedule(targets)]
     _plans[key] = plan
     if len(_plans) > PLANS_KEPT: del _plans[next(iter(_plans))]
-  return [ScheduleItem(ast, tuple(bases[i] for i in outs), tuple(bases[i] for i in inputs)) for ast, outs, inputs in plan]
+  items = [ScheduleItem(ast, tuple([bases[i] for i in outs]), tuple([bases[i] for i in inputs])) for ast, outs, inputs in plan]
+  if profiling: profiler.record("schedule", "schedule", started, time.perf_counter() - started, kernels=len(items), reused_plan=reused)
+  return items
 
 def _structure(targets: list[LazyBuffer]) -> tuple[tuple, list[LazyBuffer]]:
   """The graph under `targets` as a key naming each base by its position in a walk (not by identity or data), and the bases."""
   position: dict[LazyBuffer, int] = {}
   bases: list[LazyBuffer] = []
   entries: list[tuple] = []
-  def visit(base: LazyBuffer) -> int:
-    if (known := position.get(base)) is not None: return known
-    if base.realized is not None: entry: tuple = (base.dtype, base.device, base.shape)  # an input: only what it holds
-    else:
-      arg = const_key(base.arg) if base.op is LoadOps.CONST else base.arg  # (-0.0 == 0.0 in Python, but 1 / -0.0 is -inf)
-      entry = (base.op, arg, base.dtype, base.device, base.shape, tuple((visit(src.base), src.st) for src in base.srcs))
-    position[base] = len(bases)
-    bases.append(base)
-    entries.append(entry)
-    return position[base]
-  roots = tuple(visit(target) for target in targets)
+  roots = tuple([_visit(target, position, bases, entries) for target in targets])
   return (roots, tuple(entries)), bases
+
+def _visit(base: LazyBuffer, position: dict[LazyBuffer, int], bases: list[LazyBuffer], entries: list[tuple]) -> int:
+  """The position of `base` in the walk, its sources first. Every eager realize walks its graph here, so it is written for speed; and
+  at module level, as a recursive closure is a reference cycle that would keep the walk's bases and buffers alive until a GC."""
+  if (known := position.get(base)) is not None: return known
+  if base.realized is not None: entry: tuple = (base.dtype, base.device, base.shape)  # an input: only what it holds
+  elif (op := base.op) is LoadOps.CONST: entry = (op, const_key(base.arg), base.dtype, base.device, base.shape)  # -0.0 == 0.0, 1 / -0.0 is not
+  else:
+    entry = (op, base.arg, base.dtype, base.device, base.shape, tuple([(_visit(src.base, position, bases, entries), src.st) for src in base.srcs]))
+  position[base] = index = len(bases)
+  bases.append(base)
+  entries.append(entry)
+  return index
 
 def _schedule(targets: list[LazyBuffer]) -> list[ScheduleItem]:
   consumers = _count_consumers(targets)

@@ -28,14 +28,14 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
   no_grad: ClassVar[bool] = False
 
   def __init__(self, data: Any, device: str | None = None, dtype: DType | None = None, requires_grad: bool | None = None) -> None:
-    device = Device.canonicalize(device)
     self.grad: Tensor | None = None
     self.requires_grad: bool | None = requires_grad
     self._ctx: F.Function | None = None
-    if isinstance(data, LazyBuffer):
+    if isinstance(data, LazyBuffer):  # every op's result: the device is already a canonical name unless asked for anew
       assert dtype is None or dtype == data.dtype, f"a LazyBuffer of {data.dtype} cannot become a {dtype} tensor"
-      self.lazydata = data if data.device == device else data.copy_to_device(device)
+      self.lazydata = data if device is None or device == data.device else data.copy_to_device(Device.canonicalize(device))
       return
+    device = Device.canonicalize(device)
     if isinstance(data, Tensor): data, dtype = data.numpy(), dtype or data.dtype  # numpy() gives bfloat16 as float32: keep the dtype
     if isinstance(data, np.generic): data = np.asarray(data)  # a numpy scalar keeps its dtype, as in torch (np.float64 is also a float)
     if isinstance(data, (bool, int, float)):
@@ -134,7 +134,7 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
     context = function(tensors[0].device, [t.requires_grad for t in tensors])
     # under no_grad nothing is recorded and, as in torch, the result does not require grad (else it would collect a .grad like a leaf)
     requires_grad = context.requires_grad and not Tensor.no_grad
-    result = cls(context.forward(*[t.lazydata for t in tensors], **kwargs), device=context.device, requires_grad=requires_grad)
+    result = cls(context.forward(*[t.lazydata for t in tensors], **kwargs), requires_grad=requires_grad)  # on the inputs' device
     if requires_grad:
       context.parents = tensors  # type: ignore[attr-defined]
       result._ctx = context
@@ -196,17 +196,17 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
   def contiguous_backward(self) -> Tensor: return Tensor._apply(F.ContiguousBackward, self)
 
   # ---- broadcasting binary ops ----
-  def _to_tensor(self, other: Tensor | Scalar, dtype: DType) -> Tensor:
-    if isinstance(other, Tensor): return other.cast(dtype)
-    if not isinstance(other, (int, float, bool)): raise TypeError(f"unsupported operand type {type(other).__name__} for a Tensor op")
-    # built directly, not through Tensor(other, dtype=...), which refuses an int that does not fit: an operand keeps its value as C reads it
-    return Tensor(LazyBuffer.loadop(LoadOps.CONST, (), dtype, self.device, arg=_cast_scalar(other, dtype)), device=self.device)
-
   def _broadcasted(self, other: Tensor | Scalar, reverse: bool = False, dtype: DType | None = None) -> tuple[Tensor, Tensor]:
     """Both operands cast to their promoted dtype (PyTorch's rules) and expanded to the broadcast shape."""
-    if dtype is None:
-      dtype = least_upper_dtype(self.dtype, other.dtype) if isinstance(other, Tensor) else result_dtype_with_scalar(self.dtype, other)
-    x, y = self.cast(dtype), self._to_tensor(other, dtype)
+    if not isinstance(other, Tensor):
+      if not isinstance(other, (int, float, bool)): raise TypeError(f"unsupported operand type {type(other).__name__} for a Tensor op")
+      x = self.cast(dtype or result_dtype_with_scalar(self.dtype, other))
+      # a constant in x's shape at once (no Tensor ops to record), not Tensor(other, dtype=...), which refuses an int that does not
+      # fit: an operand keeps its value as C reads it
+      y = Tensor(LazyBuffer.scalar(_cast_scalar(other, x.dtype), x.dtype, x.device, x.shape))
+      return (y, x) if reverse else (x, y)
+    if dtype is None: dtype = least_upper_dtype(self.dtype, other.dtype)
+    x, y = self.cast(dtype), other.cast(dtype)
     if x.device != y.device: raise RuntimeError(f"Expected all tensors to be on the same device, but found {x.device} and {y.device}")
     if reverse: x, y = y, x
     shape = broadcast_shape(x.shape, y.shape)
@@ -399,6 +399,7 @@ TRUNC_VIA_INT: dict[DType, tuple[float, DType]] = {dtypes.float16: (2.0 ** 10, d
 
 def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
   """NumPy/PyTorch broadcasting of two shapes; names both when they do not broadcast."""
+  if a == b: return a
   ndim = max(len(a), len(b))
   left, right = (1,) * (ndim - len(a)) + a, (1,) * (ndim - len(b)) + b
   for axis, (x, y) in enumerate(zip(left, right)):

@@ -175,7 +175,13 @@ def open_device() -> Compiled:
                         local_memory_bytes=attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
                         max_local_dim_sizes=(attribute("MAX_BLOCK_DIM_X"), attribute("MAX_BLOCK_DIM_Y"), attribute("MAX_BLOCK_DIM_Z")),
                         tensor_cores=device.compute_capability() >= (8, 0), compute_units=attribute("MULTIPROCESSOR_COUNT"))
-  return Compiled("CUDA", CUDAAllocator(), render_cuda, compiler.compile, language="CUDA C", threads=True,
-                  max_local=min(256, attribute("MAX_THREADS_PER_BLOCK")), target=target,
-                  compile_binary=functools.partial(compile_cuda, arch=compiler.arch, output="cubin"), load=compiler.load,
-                  arch=f"{device.name()} {compiler.arch}", graph=CUDAGraph)
+  backend = Compiled("CUDA", CUDAAllocator(), render_cuda, compiler.compile, language="CUDA C", threads=True,
+                     max_local=min(256, attribute("MAX_THREADS_PER_BLOCK")), target=target,
+                     compile_binary=functools.partial(compile_cuda, arch=compiler.arch, output="cubin"), load=compiler.load,
+                     arch=f"{device.name()} {compiler.arch}", graph=CUDAGraph)
+  # the profiler's ceilings from the driver: float32 FMA lanes x 2 x SM clock (64 lanes an SM on sm_70 to sm_80, 128 from sm_86), and
+  # the memory's transfers a second (2 per clock) x its bus width
+  lanes = 64 if device.compute_capability() <= (8, 0) else 128
+  backend.peaks = (attribute("MULTIPROCESSOR_COUNT") * lanes * 2 * attribute("CLOCK_RATE") * 1e-6,
+                   2 * attribute("MEMORY_CLOCK_RATE") * attribute("GLOBAL_MEMORY_BUS_WIDTH") / 8 * 1e-6)
+  return backend

@@ -3,7 +3,7 @@ Imports tinyc.helpers, tinyc.shape and the stdlib.
 """
 from __future__ import annotations
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 from tinyc.helpers import prod
 from tinyc.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable
@@ -26,9 +26,13 @@ def unflatten_node(flat: Node, shape: tuple[int, ...]) -> list[Node]:
 class ShapeTracker:
   """views[-1] is indexed by the user; each view's flat (row-major) index is the index into the view below; views[0] indexes the buffer."""
   views: tuple[View, ...]
+  _hash: int = field(default=0, init=False, repr=False, compare=False)
+  def __post_init__(self) -> None: object.__setattr__(self, "_hash", hash(self.views))
+  def __hash__(self) -> int: return self._hash  # hashed once: trackers are keys of the memoised movement ops and the scheduler's plans
+  def __reduce__(self) -> tuple: return ShapeTracker, (self.views,)  # unpickled in another process (a BEAM worker): hashed there anew
 
   @staticmethod
-  def from_shape(shape: Sequence[int]) -> ShapeTracker: return ShapeTracker((View.create(tuple(shape)),))
+  def from_shape(shape: Sequence[int]) -> ShapeTracker: return _from_shape(tuple(shape))
 
   @property
   def shape(self) -> tuple[int, ...]: return self.views[-1].shape
@@ -159,3 +163,6 @@ def _minify(view: View) -> View:
     if shape and strides[-1] == stride * size: shape[-1], strides[-1] = shape[-1] * size, stride
     else: shape.append(size); strides.append(stride)
   return view if len(shape) == len(view.shape) else (view.reshape(tuple(shape)) or view)
+
+@functools.lru_cache(maxsize=None)
+def _from_shape(shape: tuple[int, ...]) -> ShapeTracker: return ShapeTracker((View.create(shape),))  # every new base asks for one

@@ -3,7 +3,7 @@ Imports tinyc.helpers, tinyc.shape.symbolic and the stdlib.
 """
 from __future__ import annotations
 import functools, itertools, operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 from tinyc.helpers import prod
 from tinyc.shape.symbolic import Node, NumNode, create_ge_node, create_lt_node
@@ -33,6 +33,10 @@ class View:
   offset: int
   mask: Mask | None
   contiguous: bool
+  _hash: int = field(default=0, init=False, repr=False, compare=False)
+  def __post_init__(self) -> None: object.__setattr__(self, "_hash", hash((self.shape, self.strides, self.offset, self.mask)))
+  def __hash__(self) -> int: return self._hash  # hashed once: Views are keys of the memoised movement ops and the scheduler's plans
+  def __reduce__(self) -> tuple: return View, (self.shape, self.strides, self.offset, self.mask, self.contiguous)  # hash anew: None's varies
 
   @staticmethod
   @functools.lru_cache(maxsize=None)
