@@ -62,7 +62,7 @@ class View:
   def expr_idxs(self, idxs: Sequence[Node]) -> Node:
     """The buffer index for per-dim index nodes `idxs`."""
     assert len(idxs) == len(self.shape), f"{len(idxs)} index nodes for shape {self.shape}"
-    return Node.sum([NumNode(self.offset)] + [idx * stride for idx, stride, size in zip(idxs, self.strides, self.shape) if stride != 0 and size != 1])
+    return Node.sum([self.offset] + [idx * stride for idx, stride, size in zip(idxs, self.strides, self.shape) if stride != 0 and size != 1])
 
   def expr_valid(self, idxs: Sequence[Node]) -> Node:
     """1 where every idx lies inside the mask, else 0."""
