@@ -11,7 +11,7 @@ import numpy as np
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import ALLOW_TF32, DEBUG, GlobalCounters, colored, getenv
 from tinyc.ops import LazyOp, MemBuffer
-from tinyc.shape.symbolic import Variable, sint, sym_infer
+from tinyc.shape.symbolic import Variable, sym_infer
 from tinyc.codegen.kernel import CPU_TARGET, Kernel, KernelTarget, Opt
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.linearizer import Linearizer
@@ -95,13 +95,13 @@ class Program:
   run: Callable[..., float | None]  # run(*opaque_buffers, *var values, global_size=, local_size=, wait=bool) -> seconds when wait
   flops: int  # (with symbolic sizes: at the Variables' largest values)
   mem_bytes: int
-  global_size: tuple[sint, sint, sint] | None = None
+  global_size: tuple[int, int, int] | None = None  # (a symbolic size is a Node here, worked out at each run)
   local_size: tuple[int, int, int] | None = None
   vars: tuple[Variable, ...] = ()
   def __call__(self, buffers: list[Buffer], var_vals: dict[Variable, int] | None = None) -> None:
     wait, values = DEBUG >= 2, [(var_vals or {})[var] for var in self.vars]
     global_size = self.global_size if not self.vars or self.global_size is None else \
-      tuple(sym_infer(size, var_vals or {}) for size in self.global_size)  # type: ignore[assignment]
+      tuple(sym_infer(size, var_vals or {}) for size in self.global_size)
     seconds = self.run(*[buf.opaque for buf in buffers], *values, global_size=global_size, local_size=self.local_size, wait=wait)
     GlobalCounters.add(kernels=1, ops=self.flops, mem=self.mem_bytes, seconds=seconds or 0.0)
     if seconds is not None:
@@ -109,12 +109,11 @@ class Program:
         print(f"{colored(f'*** {self.device:5s} {GlobalCounters.kernel_count:4d}', 'magenta')} {self.name:30s} "
               f"{seconds * 1e6:9.2f} us  {self.flops / seconds * 1e-9:8.2f} GFLOP/s  {self.mem_bytes / seconds * 1e-9:8.2f} GB/s")
 
-def launch_sizes(uops: list[UOp], max_local: int = 256) -> tuple[tuple[sint, sint, sint], tuple[int, int, int]]:
+def launch_sizes(uops: list[UOp], max_local: int = 256) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
   """(global, local) thread counts from a kernel's SPECIAL uops. With explicit work-groups (group and local ids) they are the
   kernel's; with global ids only, the local size is the largest that divides the global size in every dimension (so no thread
   is out of range), dimension 0 (the contiguous axis) first, for coalesced memory access; 1 along a symbolic dimension."""
-  groups: list[sint] = [1, 1, 1]
-  local_size: list[Any] = [1, 1, 1]
+  groups, local_size = [1, 1, 1], [1, 1, 1]
   for uop in uops:
     if uop.op is UOps.SPECIAL:
       (local_size if uop.arg.kind is ThreadKind.LOCAL else groups)[uop.arg.dim] = uop.arg.size
@@ -188,7 +187,7 @@ class Compiled:
 
 class LoweredKernel(NamedTuple):
   uops: list[UOp]
-  global_size: tuple[sint, sint, sint] | None
+  global_size: tuple[int, int, int] | None
   local_size: tuple[int, int, int] | None
   flops: int
   mem_bytes: int

@@ -85,7 +85,8 @@ class TinyJit(Generic[ReturnType]):
     for step, position, number in self.input_slots: self.steps[step][1][position] = input_buffers[number]
     if self.graph is not None and DEBUG < 2: self.graph(input_buffers)  # DEBUG=2 times each kernel: launch them one by one
     else:
-      for run, buffers, captured in self.steps: run(buffers, {var: var_vals.get(var, value) for var, value in captured.items()} if captured else captured)
+      for run, buffers, captured in self.steps:  # each kernel gets this call's value of each of its Variables
+        run(buffers, {var: var_vals.get(var, value) for var, value in captured.items()} if captured else captured)
     index_check.raise_if_out_of_range(self.checks)
     return self.result
 

@@ -6,7 +6,7 @@ import math
 from typing import Any, Callable, ClassVar, Iterable, Sequence
 import numpy as np
 from tinyc.dtype import DType, dtypes, least_upper_dtype, least_upper_float, result_dtype_with_scalar
-from tinyc.helpers import all_int, prod
+from tinyc.helpers import prod
 from tinyc.ops import BinaryOps, LoadOps
 from tinyc.shape.symbolic import Node, sym_infer
 from tinyc.device import Device

@@ -30,7 +30,7 @@ from tinyc.codegen.uops import PYTHON_ALU
 from tinyc.codegen.axes import (CPU_TARGET, GPU_MAX_UPCAST, KIND_COLORS, LANES, LAYOUT_RANK, MAX_UPCAST, REDUCE_SIDE, SPLIT_KINDS, TC_DTYPES,
                                 TC_SHAPE, THREADS, AxisKind, KernelOptError, KernelTarget, Opt, OptOps, TileLayout, tc_reduce)
 from tinyc.shape.shapetracker import ShapeTracker
-from tinyc.shape.symbolic import AndNode, Node, Variable, sint, sym_max
+from tinyc.shape.symbolic import AndNode, Node, Variable, sym_max
 from tinyc.shape.view import View
 
 class Kernel:
@@ -45,7 +45,7 @@ class Kernel:
     self.bufs: list[MemBuffer | ConstBuffer] = dedup([store.arg for store in self.stores] + leaves)
     self.sts: list[ShapeTracker] = [buf.st for buf in self.bufs]
     assert len({len(st.shape) for st in self.sts}) == 1, f"every buffer of a kernel needs one dim per axis, got {[st.shape for st in self.sts]}"
-    self.full_shape: tuple[sint, ...] = tuple(next((size for size in sizes if size != 1), 1) for sizes in zip(*[st.shape for st in self.sts]))
+    self.full_shape: tuple[int, ...] = tuple(next((size for size in sizes if size != 1), 1) for sizes in zip(*[st.shape for st in self.sts]))
     # the Variables of symbolic dims (and constants), each an int argument of the program, in this order
     self.vars: list[Variable] = sorted(set().union(*[st.vars() for st in self.sts], *[buf.val.vars() for buf in self.bufs
                                                      if isinstance(buf, ConstBuffer) and isinstance(buf.val, Node)]), key=lambda var: var.expr)
@@ -160,7 +160,8 @@ class Kernel:
 
   def describe_layout(self) -> str:
     """The axes, each size coloured by its kind (DEBUG>=3 prints it), then the kinds in words."""
-    sizes = " ".join(colored(f"{size if isinstance(size, int) else size.render():>4}", KIND_COLORS[kind]) for size, kind in zip(self.full_shape, self.kinds))
+    sizes = " ".join(colored(f"{size if isinstance(size, int) else size.render():>4}", KIND_COLORS[kind])  # (a symbolic size: its Variable)
+                     for size, kind in zip(self.full_shape, self.kinds))
     kinds = " ".join(f"{kind.name.lower()}{sorted(owners) if owners else ''}" for kind, owners in zip(self.kinds, self.owners))
     return f"{sizes}   {kinds}"
 
@@ -219,7 +220,8 @@ class Kernel:
       _check(not self.axes(*THREADS), opt, "the kernel already chose its locals")
       self.dont_use_locals = True
       return
-    if not all_int(self.full_shape): _check(opt.op not in (OptOps.STAGE, OptOps.TC, OptOps.PADTO), opt, "a kernel with a symbolic axis does not take it")
+    if not all_int(self.full_shape):
+      _check(opt.op not in (OptOps.STAGE, OptOps.TC, OptOps.PADTO), opt, "a kernel with a symbolic axis does not take it")
     if opt.op is OptOps.STAGE: return self._stage(opt)
     if opt.op is OptOps.TC: return self._tensor_core(opt)
     global_axes, reduce_axes = self.axes(AxisKind.GLOBAL), self.axes(AxisKind.REDUCE)

@@ -6,11 +6,11 @@ import functools
 from dataclasses import dataclass
 from typing import Sequence
 from tinyc.helpers import all_int, prod
-from tinyc.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, bound_values, sint, sym_max, sym_min
+from tinyc.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, bound_values, sym_max, sym_min
 from tinyc.shape.view import View, strides_for_shape
 
 @functools.lru_cache(maxsize=None)
-def index_variables(shape: tuple[sint, ...]) -> tuple[Node, ...]:
+def index_variables(shape: tuple[int, ...]) -> tuple[Node, ...]:
   """Variables idx0, idx1, ... over `shape` (a size-1 dim gives NumNode(0); a symbolic dim's runs to its largest size)."""
   return tuple(Variable(f"idx{axis}", 0, sym_max(size) - 1) if sym_max(size) > 0 else NumNode(0) for axis, size in enumerate(shape))
 
@@ -31,9 +31,9 @@ class ShapeTracker:
   def from_shape(shape: Sequence[int]) -> ShapeTracker: return ShapeTracker((View.create(tuple(shape)),))
 
   @property
-  def shape(self) -> tuple[sint, ...]: return self.views[-1].shape
+  def shape(self) -> tuple[int, ...]: return self.views[-1].shape
   @property
-  def size(self) -> sint: return prod(self.shape)
+  def size(self) -> int: return prod(self.shape)
   @property
   def contiguous(self) -> bool: return len(self.views) == 1 and self.views[0].contiguous
 
@@ -47,7 +47,8 @@ class ShapeTracker:
     return sym_max(view.offset + sum(stride * (end - 1 if sym_min(stride) > 0 else begin) for stride, (begin, end) in zip(view.strides, mask)) + 1)
 
   def vars(self) -> set[Variable]: return set().union(*[view.vars() for view in self.views])
-  def substitute(self, mapping: dict[Variable, Node | int]) -> ShapeTracker: return ShapeTracker(tuple(view.substitute(mapping) for view in self.views))
+  def substitute(self, mapping: dict[Variable, Node | int]) -> ShapeTracker:
+    return ShapeTracker(tuple(view.substitute(mapping) for view in self.views))
   def bound(self) -> ShapeTracker:
     """This tracker with each bound Variable replaced by its value: concrete."""
     return self.substitute({var: value for view in self.views for size in view.shape for var, value in bound_values(size).items()})
@@ -55,7 +56,7 @@ class ShapeTracker:
   # ***** movement ops: each returns a new ShapeTracker *****
 
   @functools.lru_cache(maxsize=None)
-  def reshape(self, new_shape: tuple[sint, ...]) -> ShapeTracker:
+  def reshape(self, new_shape: tuple[int, ...]) -> ShapeTracker:
     assert all(isinstance(size, (int, Node)) and sym_min(size) >= 0 for size in new_shape), f"reshape needs nonnegative sizes, got {new_shape}"
     if all_int(new_shape) and not all_int(self.shape): return self.bound().reshape(new_shape)  # a symbolic shape to the sizes it is bound to
     assert prod(new_shape) == self.size, f"can't reshape {self.shape} ({self.size} elements) to {new_shape} ({prod(new_shape)} elements)"

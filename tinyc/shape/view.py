@@ -6,7 +6,7 @@ import functools, itertools, operator
 from dataclasses import dataclass
 from typing import Sequence
 from tinyc.helpers import all_int, prod
-from tinyc.shape.symbolic import Node, NumNode, Variable, create_ge_node, create_lt_node, sint, sym_int, sym_min
+from tinyc.shape.symbolic import Node, NumNode, Variable, create_ge_node, create_lt_node, sym_min
 
 Mask = tuple[tuple[int, int], ...]
 
@@ -28,21 +28,22 @@ def unflatten(shape: tuple[int, ...], flat: int) -> list[int]:
 @dataclass(frozen=True)
 class View:
   """Index i over `shape` reads buffer[offset + sum(i*strides)]; it is valid where begin <= i < end for each (begin, end) of `mask`.
-  A symbolic dimension is a Node of Variables (bound ones, in a LazyBuffer's views); strides and offset may then be Nodes too."""
-  shape: tuple[sint, ...]
-  strides: tuple[sint, ...]
-  offset: sint
+  A symbolic dimension is a Node of Variables (bound ones, in a LazyBuffer's views); strides and offset may then be Nodes too (typed
+  as ints: the arithmetic and comparisons the shape code does are those of ints, and Nodes answer them)."""
+  shape: tuple[int, ...]
+  strides: tuple[int, ...]
+  offset: int
   mask: Mask | None
   contiguous: bool
 
   @staticmethod
   @functools.lru_cache(maxsize=None)
-  def create(shape: tuple[sint, ...], strides: tuple[sint, ...] | None = None, offset: sint = 0, mask: Mask | None = None) -> View:
+  def create(shape: tuple[int, ...], strides: tuple[int, ...] | None = None, offset: int = 0, mask: Mask | None = None) -> View:
     """The canonical View: size-1 and single-valid-element dims get stride 0, a full mask is None, an empty one makes it all-invalid."""
-    shape, offset = tuple(sym_int(size) for size in shape), sym_int(offset)
+    shape, offset = tuple(_plain(size) for size in shape), _plain(offset)
     assert all(isinstance(size, (int, Node)) and sym_min(size) >= 0 for size in shape), f"shape must be nonnegative sizes, got {shape}"
     if 0 in shape: return View(shape, (0,) * len(shape), 0, None, True)
-    strides = strides_for_shape(shape) if strides is None else tuple(0 if size == 1 else sym_int(stride) for size, stride in zip(shape, strides))
+    strides = strides_for_shape(shape) if strides is None else tuple(0 if size == 1 else _plain(stride) for size, stride in zip(shape, strides))
     assert len(strides) == len(shape), f"strides {strides} don't match shape {shape}"
     if mask is not None:
       assert len(mask) == len(shape), f"mask {mask} doesn't match shape {shape}"
@@ -55,7 +56,7 @@ class View:
     return View(shape, strides, offset, mask, contiguous)
 
   @property
-  def size(self) -> sint: return prod(self.shape)
+  def size(self) -> int: return prod(self.shape)
   @property
   def all_invalid(self) -> bool: return self.mask is not None and any(begin >= end for begin, end in self.mask)
 
@@ -87,12 +88,12 @@ class View:
 
   def vars(self) -> set[Variable]:
     values = self.shape + self.strides + (self.offset,) + sum(self.mask or (), ())
-    return set().union(*[value.vars() for value in values if isinstance(value, Node)])
+    return set().union(*[value.vars() for value in values if isinstance(value, Node)])  # type: ignore[attr-defined]
   def substitute(self, mapping: dict[Variable, Node | int]) -> View:
     """This view with Variables replaced (bound ones by unbound ones, or by their values)."""
-    def sub(value: sint) -> sint: return value if isinstance(value, int) else sym_int(value.substitute(mapping))
+    def sub(value: int) -> int: return _plain(value.substitute(mapping)) if isinstance(value, Node) else value  # type: ignore[arg-type]
     mask = None if self.mask is None else tuple((sub(begin), sub(end)) for begin, end in self.mask)
-    return View(tuple(map(sub, self.shape)), tuple(map(sub, self.strides)), sub(self.offset), mask, self.contiguous)  # type: ignore[arg-type]
+    return View(tuple(map(sub, self.shape)), tuple(map(sub, self.strides)), sub(self.offset), mask, self.contiguous)
 
   def permute(self, order: tuple[int, ...]) -> View:
     assert sorted(order) == list(range(len(self.shape))), f"invalid permutation {order} of shape {self.shape}"
@@ -166,18 +167,23 @@ def _reshape(view: View, new_shape: tuple[int, ...]) -> View | None:
     for axis, (axis_stride, axis_mask) in zip(new_block, split): new_strides[axis], new_mask[axis] = axis_stride, axis_mask
   return View.create(new_shape, tuple(new_strides), offset, tuple(new_mask))
 
-def _reshape_symbolic(view: View, new_shape: tuple[sint, ...]) -> View | None:
+def _plain(value: int) -> int:
+  """A size, stride or offset as the shape code keeps it: an int, or a Node only where it is symbolic (typed int, as Nodes do int math)."""
+  return value.b if isinstance(value, NumNode) else value
+
+def _reshape_symbolic(view: View, new_shape: tuple[int, ...]) -> View | None:
   """A reshape that keeps every symbolic dim a dim of its own: the concrete dims between two of them are reshaped as a view of their
   own (by the rules above), the symbolic dims keep their stride and mask. None where the symbolic dims do not match up."""
-  def symbolic(shape: tuple[sint, ...]) -> list[int]: return [axis for axis, size in enumerate(shape) if not isinstance(size, int)]
-  def runs(shape: tuple[sint, ...]) -> list[list[int]]:  # the dims of each concrete run, split at the symbolic dims
+  def symbolic(shape: tuple[int, ...]) -> list[int]: return [axis for axis, size in enumerate(shape) if not isinstance(size, int)]
+  def runs(shape: tuple[int, ...]) -> list[list[int]]:  # the dims of each concrete run, split at the symbolic dims
     bounds = [-1] + symbolic(shape) + [len(shape)]
     return [list(range(start + 1, end)) for start, end in zip(bounds, bounds[1:])]
   old_runs, new_runs = runs(view.shape), runs(new_shape)
   if [view.shape[a] for a in symbolic(view.shape)] != [new_shape[a] for a in symbolic(new_shape)]: return None
   mask = view.mask if view.mask is not None else tuple((0, size) for size in view.shape)
   strides, new_mask, offset = [view.strides[0]] * len(new_shape), [mask[0]] * len(new_shape), view.offset
-  for old_axis, new_axis in zip(symbolic(view.shape), symbolic(new_shape)): strides[new_axis], new_mask[new_axis] = view.strides[old_axis], mask[old_axis]
+  for old_axis, new_axis in zip(symbolic(view.shape), symbolic(new_shape)):
+    strides[new_axis], new_mask[new_axis] = view.strides[old_axis], mask[old_axis]
   for old, new in zip(old_runs, new_runs):
     if prod(view.shape[a] for a in old) != prod(new_shape[a] for a in new): return None
     part = View.create(tuple(view.shape[a] for a in old), tuple(view.strides[a] for a in old), 0, tuple(mask[a] for a in old))
@@ -185,7 +191,7 @@ def _reshape_symbolic(view: View, new_shape: tuple[sint, ...]) -> View | None:
     offset += reshaped.offset
     for axis, stride, axis_mask in zip(new, reshaped.strides, reshaped.mask or tuple((0, new_shape[a]) for a in new)):
       strides[axis], new_mask[axis] = stride, axis_mask
-  return View.create(new_shape, tuple(strides), offset, tuple(new_mask))  # type: ignore[arg-type]
+  return View.create(new_shape, tuple(strides), offset, tuple(new_mask))
 
 def _merge_run(dims: list[tuple[int, int, tuple[int, int]]]) -> tuple[int, int, int, int] | None:
   """Merge (size, stride, mask) dims, major first, into one: (stride, offset change, valid begin, valid end), if it is one run."""
