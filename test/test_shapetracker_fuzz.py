@@ -77,6 +77,15 @@ def check(st: ShapeTracker, expected: np.ndarray, buffer_size: int, context: str
     if stride is not None and st.shape[axis] > 1:
       assert np.all(np.diff(idx, axis=axis) == stride), f"{context}: real_strides {st.real_strides()} wrong on axis {axis}"
 
+def check_points(st: ShapeTracker, array: np.ndarray, rng: random.Random, count: int, context: str) -> None:
+  """The tracker's index and validity at `count` random elements, evaluated by sym_infer (a bound Variable at its value), against numpy."""
+  idx_node, valid_node = st.expr_idxs()
+  for _ in range(count):
+    point = tuple(rng.randrange(size) for size in array.shape)
+    env = {v: i for v, i in zip(index_variables(st.shape), point) if isinstance(v, Variable)}
+    assert bool(sym_infer(valid_node, env)) == (array[point] != PAD), f"{context} at {point}"
+    if array[point] != PAD: assert sym_infer(idx_node, env) == array[point], f"{context} at {point}"
+
 def test_shapetracker_fuzz():
   rng = random.Random(0)
   merged_views = 0
@@ -101,13 +110,7 @@ def test_shapetracker_fuzz():
     second = ShapeTracker.from_shape(first.shape)
     for op in ops[split:]: second = apply_tracker(second, op)
     check(first + second, array, base.size, f"{first} + {second} of {context}")
-    # sym_infer agrees with the vectorised evaluation on a few elements
-    idx_node, valid_node = st.expr_idxs()
-    for _ in range(3):
-      point = tuple(rng.randrange(size) for size in st.shape)
-      env = {v: i for v, i in zip(index_variables(st.shape), point) if isinstance(v, Variable)}
-      assert bool(sym_infer(valid_node, env)) == (array[point] != PAD), f"{context} at {point}"
-      if array[point] != PAD: assert sym_infer(idx_node, env) == array[point], f"{context} at {point}"
+    check_points(st, array, rng, 3, context)  # sym_infer agrees with the vectorised evaluation on a few elements
   assert merged_views > 0, "simplify() never merged a view: the fuzzer isn't exercising View.__add__"
 
 def test_shapetracker_fuzz_symbolic():
@@ -141,10 +144,5 @@ def test_shapetracker_fuzz_symbolic():
       ops.append((kind, arg))
     context = f"case {case}: {full} shrunk to n={value} along {axis}, ops {ops} -> {st}"
     check(st.bound(), array, base.size, context)
-    idx_node, valid_node = st.expr_idxs()
-    for _ in range(4):
-      point = tuple(rng.randrange(size) for size in array.shape)
-      env = {v: i for v, i in zip(index_variables(st.shape), point) if isinstance(v, Variable)}
-      assert bool(sym_infer(valid_node, env)) == (array[point] != PAD), f"{context} at {point}"
-      if array[point] != PAD: assert sym_infer(idx_node, env) == array[point], f"{context} at {point}"
+    check_points(st, array, rng, 4, context)  # the symbolic expressions, n evaluated at its value
   assert refused < applied // 10, f"{refused} ops refused, {applied} applied"

@@ -60,7 +60,7 @@ class Loop(NamedTuple):
   name: str
   vectorize: bool
   outermost_global: bool = False
-  trips: sint = 0  # its trip count (src[1] holds it as a UOp): executed() counts a symbolic loop at its largest
+  trips: sint = 0  # a symbolic loop's trip count (src[1] holds it as a UOp): executed() counts it at its largest
 
 class Fragment(NamedTuple):
   """LOAD_FRAGMENT's arg: `matrices` 8 x 8 matrices of 16-bit values read by a warp together (ldmatrix), each thread giving the
@@ -110,12 +110,16 @@ def cast_python_value(value: Any, dtype: DType) -> Any:
   wrapped = int(value) & ((1 << bits) - 1)
   return wrapped - (1 << bits) if not dtypes.is_unsigned(dtype) and wrapped >= 1 << (bits - 1) else wrapped
 
+def loop_trips(loop: UOp) -> int:
+  """A LOOP's trip count: its end where that is a constant, else the largest its Variables allow."""
+  return loop.src[1].arg if loop.src[1].op is UOps.CONST else sym_max(loop.arg.trips)
+
 def executed(uops: list[UOp], counted: Callable[[UOp], bool]) -> int:
   """How often the `counted` uops run: each once per iteration of the loops around it (and per GPU thread), once a lane of a vector."""
   total, trips = 0, 1
   for uop in uops:
-    if uop.op is UOps.LOOP: trips *= sym_max(uop.arg.trips)
-    elif uop.op is UOps.END and uop.src[0].op is UOps.LOOP: trips //= sym_max(uop.src[0].arg.trips)
+    if uop.op is UOps.LOOP: trips *= loop_trips(uop)
+    elif uop.op is UOps.END and uop.src[0].op is UOps.LOOP: trips //= loop_trips(uop.src[0])
     elif uop.op is UOps.SPECIAL: trips *= sym_max(uop.arg.size)  # one GPU thread per index
     elif counted(uop): total += trips * (uop.dtype.count if uop.dtype is not None else 1)
   return total
