@@ -65,5 +65,5 @@ def compute(item: Any) -> list[Any]:
   """A stand-in for tinyc.realize._compute: kernels are evaluated here (recorded like a program, so TinyJit replays them too)."""
   if item.ast.op is not BufferOps.SINK: return _compiled_compute(item)
   buffers = [realize._output_buffer(out) for out in item.outs]
-  realize._run(lambda all_buffers, ast=item.ast: run(ast, all_buffers), buffers + [src.realized for src in item.inputs])
+  realize._run(lambda all_buffers, var_vals, ast=item.ast: run(ast, all_buffers), buffers + [src.realized for src in item.inputs], {})
   return buffers

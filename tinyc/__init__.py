@@ -3,5 +3,6 @@ from tinyc.tensor import Tensor
 from tinyc.dtype import dtypes
 from tinyc.device import Device
 from tinyc.helpers import Context, DEBUG, GlobalCounters
+from tinyc.shape.symbolic import Variable
 
-__all__ = ["Tensor", "dtypes", "Device", "Context", "DEBUG", "GlobalCounters"]
+__all__ = ["Tensor", "dtypes", "Device", "Context", "DEBUG", "GlobalCounters", "Variable"]

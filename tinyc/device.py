@@ -12,6 +12,7 @@ from tinyc.dtype import DType, dtypes
 from tinyc.helpers import ALLOW_TF32, DEBUG, GlobalCounters, colored, getenv, rates
 from tinyc import profiler
 from tinyc.ops import LazyOp, MemBuffer
+from tinyc.shape.symbolic import Variable, sym_infer
 from tinyc.codegen.kernel import CPU_TARGET, Kernel, KernelTarget, Opt
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.linearizer import Linearizer
@@ -74,7 +75,7 @@ class Buffer:
     if self.dtype == dtypes.bfloat16: return (out.astype(np.uint32) << 16).view(np.float32)
     return out
 
-def copy_buffer(buffers: list[Buffer]) -> None:
+def copy_buffer(buffers: list[Buffer], var_vals: dict[Variable, int] | None = None) -> None:
   """buffers[0] <- buffers[1], across devices, through host memory (byte for byte, so every dtype survives)."""
   dest, src = buffers
   assert dest.nbytes == src.nbytes, f"copy of {src.nbytes} bytes into a buffer of {dest.nbytes}"
@@ -88,17 +89,23 @@ class CompileError(RuntimeError):
 
 @dataclass
 class Program:
-  """A compiled kernel, ready to launch on its buffers (GPUs: over global_size threads in work-groups of local_size)."""
+  """A compiled kernel, ready to launch on its buffers (GPUs: over global_size threads in work-groups of local_size). A kernel with
+  symbolic sizes takes the values of its Variables (`vars`) as int arguments after the buffers; its global size may name them too."""
   name: str
   device: str
-  run: Callable[..., float | None]  # run(*opaque_buffers, global_size=, local_size=, wait=bool) -> seconds when wait
-  flops: int
+  run: Callable[..., float | None]  # run(*opaque_buffers, *var values, global_size=, local_size=, wait=bool) -> seconds when wait
+  flops: int  # (with symbolic sizes: at the Variables' largest values)
   mem_bytes: int
-  global_size: tuple[int, int, int] | None = None
+  global_size: tuple[int, int, int] | None = None  # (a symbolic size is a Node here, worked out at each run)
   local_size: tuple[int, int, int] | None = None
-  def __call__(self, buffers: list[Buffer]) -> None:
+  vars: tuple[Variable, ...] = ()
+  def __call__(self, buffers: list[Buffer], var_vals: dict[Variable, int] | None = None) -> None:
     started = time.perf_counter() if (profiling := profiler.enabled()) else 0.0
-    seconds = self.run(*[buf.opaque for buf in buffers], global_size=self.global_size, local_size=self.local_size, wait=profiling or DEBUG >= 2)
+    values = [(var_vals or {})[var] for var in self.vars]
+    global_size = self.global_size if not self.vars or self.global_size is None else \
+      tuple(sym_infer(size, var_vals or {}) for size in self.global_size)
+    seconds = self.run(*[buf.opaque for buf in buffers], *values, global_size=global_size, local_size=self.local_size,
+                       wait=profiling or DEBUG >= 2)
     GlobalCounters.add(1, self.flops, self.mem_bytes, seconds or 0.0)
     if seconds is not None:
       if profiling:
@@ -111,7 +118,7 @@ class Program:
 def launch_sizes(uops: list[UOp], max_local: int = 256) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
   """(global, local) thread counts from a kernel's SPECIAL uops. With explicit work-groups (group and local ids) they are the
   kernel's; with global ids only, the local size is the largest that divides the global size in every dimension (so no thread
-  is out of range), dimension 0 (the contiguous axis) first, for coalesced memory access."""
+  is out of range), dimension 0 (the contiguous axis) first, for coalesced memory access; 1 along a symbolic dimension."""
   groups, local_size = [1, 1, 1], [1, 1, 1]
   for uop in uops:
     if uop.op is UOps.SPECIAL:
@@ -119,7 +126,8 @@ def launch_sizes(uops: list[UOp], max_local: int = 256) -> tuple[tuple[int, int,
   if any(uop.op is UOps.SPECIAL and uop.arg.kind is ThreadKind.GLOBAL for uop in uops):
     budget = max_local
     for dim in range(3):
-      local_size[dim] = max(d for d in range(1, min(groups[dim], budget) + 1) if groups[dim] % d == 0)
+      size = groups[dim]
+      local_size[dim] = max(d for d in range(1, min(size, budget) + 1) if size % d == 0) if isinstance(size, int) else 1
       budget //= local_size[dim]
     return (groups[0], groups[1], groups[2]), (local_size[0], local_size[1], local_size[2])
   return (groups[0] * local_size[0], groups[1] * local_size[1], groups[2] * local_size[2]), (local_size[0], local_size[1], local_size[2])
@@ -185,7 +193,7 @@ class Compiled:
     if DEBUG >= 3: print(f"compiled {name} in {(time.perf_counter() - started) * 1e3:.2f} ms")
     if profiler.enabled():  # the whole build: Opts, lowering, rendering and the compiler (compile_ms: the compiler alone)
       profiler.record(f"compile {name}", "compile", began, time.perf_counter() - began, compile_ms=(time.perf_counter() - started) * 1e3)
-    return Program(name, self.name, run, lowered.flops, lowered.mem_bytes, lowered.global_size, lowered.local_size)
+    return Program(name, self.name, run, lowered.flops, lowered.mem_bytes, lowered.global_size, lowered.local_size, tuple(kernel.vars))
 
 class LoweredKernel(NamedTuple):
   uops: list[UOp]

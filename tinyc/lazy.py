@@ -7,7 +7,7 @@ import functools, math
 from typing import Any
 import numpy as np
 from tinyc.dtype import DType, dtypes
-from tinyc.helpers import prod
+from tinyc.helpers import all_int, prod
 from tinyc.ops import BinaryOps, LoadOps, Op, ReduceOps, TernaryOps, UnaryOps
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.device import Buffer, Device
@@ -67,7 +67,7 @@ class LazyBuffer:
     """Reduce over `axis`, keeping each reduced dim as size 1."""
     new_shape = tuple(1 if i in axis else s for i, s in enumerate(self.shape))
     if new_shape == self.shape: return self
-    if (split := _reduce_split(self.shape, axis) or self._split_k(op, axis)) is not None:
+    if all_int(self.shape) and (split := _reduce_split(self.shape, axis) or self._split_k(op, axis)) is not None:
       # a long reduce into few outputs runs as two: first each of `parts` chunks of the longest reduced dim (many outputs,
       # which GPU work-groups and CPU threads share), then the partial results
       dim, parts = split

@@ -1,10 +1,12 @@
 """Layer 2: the primitive op enums and LazyOp, the tree a kernel is made from. Imports helpers, dtype and shape/."""
 from __future__ import annotations
+import functools
 from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any, NamedTuple, Union
 from tinyc.dtype import DType, dtypes
 from tinyc.shape.shapetracker import ShapeTracker
+from tinyc.shape.symbolic import Node, Variable
 
 class UnaryOps(Enum):
   EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); NEG = auto(); CAST = auto(); BITCAST = auto()  # noqa: E702
@@ -99,3 +101,20 @@ class ScheduleItem(NamedTuple):  # a NamedTuple: an eager realize makes one per 
 def output_count(ast: LazyOp) -> int:
   """How many buffers a kernel's AST (or a LoadOp) writes: its SINK's STOREs."""
   return len(ast.src) if ast.op is BufferOps.SINK else 1
+
+@functools.lru_cache(maxsize=4096)
+def unbind_ast(ast: LazyOp) -> tuple[LazyOp, dict[Variable, int]]:
+  """The AST with each bound Variable replaced by the unbound one, so one program serves every value, and their values (read-only).
+  A constant may be a Node of Variables too (a value in the kernel, such as a write position)."""
+  bound = {var for node in ast.walk() if node.op in (BufferOps.LOAD, BufferOps.CONST, BufferOps.STORE)
+           for var in node.arg.st.vars() | (node.arg.val.vars() if isinstance(node.arg, ConstBuffer) and isinstance(node.arg.val, Node) else set())
+           if var.val is not None}
+  if not bound: return ast, {}
+  mapping: dict[Variable, Node | int] = {var: var.unbind()[0] for var in bound}
+  var_vals = {var.unbind()[0]: var.unbind()[1] for var in bound}
+  if len(var_vals) != len(bound): raise ValueError(f"one kernel reads Variables bound to different values: {sorted(map(repr, bound))}")
+  def unbound(buf: MemBuffer | ConstBuffer | None) -> MemBuffer | ConstBuffer | None:
+    if buf is None: return None  # (the SINK)
+    if isinstance(buf, MemBuffer): return MemBuffer(buf.idx, buf.dtype, buf.st.substitute(mapping))
+    return ConstBuffer(buf.val.substitute(mapping) if isinstance(buf.val, Node) else buf.val, buf.dtype, buf.st.substitute(mapping))
+  return ast.map_buffers(unbound), var_vals

@@ -9,15 +9,17 @@ for that result instead.
 from __future__ import annotations
 import threading
 from typing import Callable
-from tinyc.helpers import BEAM, DEBUG, GlobalCounters, ThreadRecorder
-from tinyc.ops import LazyOp, LoadOps, ScheduleItem
+from tinyc.helpers import BEAM, DEBUG, GlobalCounters, ThreadRecorder, prod
+from tinyc.ops import LazyOp, LoadOps, ScheduleItem, unbind_ast
+from tinyc.shape.symbolic import Variable, sym_max
 from tinyc.device import Buffer, Device, Program, copy_buffer
 from tinyc.beam import beam_opts
 from tinyc.lazy import LazyBuffer
 from tinyc.schedule import create_schedule
 from tinyc import index_check
 
-Step = tuple[Callable[[list[Buffer]], None], list[Buffer]]  # something that ran (a program or a copy) and its buffers
+# something that ran (a program or a copy), its buffers and the values of the Variables of its symbolic sizes
+Step = tuple[Callable[[list[Buffer], dict[Variable, int]], None], list[Buffer], dict[Variable, int]]
 steps_run: ThreadRecorder[Step] = ThreadRecorder()  # TinyJit's capture: `with steps_run.record() as steps:` (this thread's only)
 _graph_lock = threading.Lock()
 _computing: dict[LazyBuffer, threading.Lock] = {}  # base -> a lock its computing thread holds until the result is published
@@ -58,25 +60,29 @@ def _claim(outs: tuple[LazyBuffer, ...]) -> threading.Lock | None:
 
 def _compute(item: ScheduleItem) -> list[Buffer]:
   buffers = [_output_buffer(out) for out in item.outs]
-  if (op := item.ast.op) is LoadOps.COPY: _run(copy_buffer, [buffers[0], item.inputs[0].realized])
-  elif op is not LoadOps.EMPTY: _run(program_for(item.ast, item.outs[0].device), buffers + [src.realized for src in item.inputs])
+  if item.ast.op is LoadOps.COPY: _run(copy_buffer, [buffers[0], item.inputs[0].realized], {})
+  elif item.ast.op is not LoadOps.EMPTY:
+    ast, var_vals = unbind_ast(item.ast)  # one program for every value of a symbolic size: the values are its arguments
+    _run(program_for(ast, item.outs[0].device, symbolic=bool(var_vals)), buffers + [src.realized for src in item.inputs], var_vals)
   return buffers
 
 def _output_buffer(out: LazyBuffer) -> Buffer:
-  """Where an output goes: the target's own memory for an assign, else a new buffer."""
-  if out.op is not LoadOps.ASSIGN: return Buffer(out.device, out.st.size, out.dtype)
+  """Where an output goes: the target's own memory for an assign, else a new buffer (for a symbolic shape, of its largest size, so a
+  TinyJit replay with a larger value fits)."""
+  if out.op is not LoadOps.ASSIGN: return Buffer(out.device, sym_max(prod(out.shape)), out.dtype)
   assert (buffer := out.srcs[1].realized) is not None, f"assign into {out.srcs[1]}, which has no buffer"
   return buffer
 
-def program_for(ast: LazyOp, device_name: str) -> Program:
-  """The kernel's program: with BEAM=n the Opts a search on the device chose (cached), else the hand-coded heuristic's."""
+def program_for(ast: LazyOp, device_name: str, symbolic: bool = False) -> Program:
+  """The kernel's program: with BEAM=n the Opts a search on the device chose (cached), else the hand-coded heuristic's. BEAM does not
+  search a kernel with symbolic sizes (its timings would hold for one value of them): it gets the heuristic's Opts."""
   device = Device[device_name]
-  return device.get_program(ast, beam_opts(device, ast) if BEAM >= 1 and device.compile_binary is not None else None)
+  return device.get_program(ast, beam_opts(device, ast) if BEAM >= 1 and device.compile_binary is not None and not symbolic else None)
 
-def _run(step: Callable[[list[Buffer]], None], buffers: list[Buffer | None]) -> None:
+def _run(step: Callable[[list[Buffer], dict[Variable, int]], None], buffers: list[Buffer | None], var_vals: dict[Variable, int]) -> None:
   assert None not in buffers, f"{step} reads an unrealized input"
-  step(buffers)  # type: ignore[arg-type]
-  steps_run.note((step, buffers))  # type: ignore[arg-type]
+  step(buffers, var_vals)  # type: ignore[arg-type]
+  steps_run.note((step, buffers, var_vals))  # type: ignore[arg-type]
 
 def realize(outs: list[LazyBuffer]) -> None:
   """Compute every output that is not yet realized, fusing the graph under them into kernels. The index checks made since the last

@@ -8,6 +8,7 @@ import numpy as np
 from tinyc.dtype import DType, dtypes, least_upper_dtype, least_upper_float, result_dtype_with_scalar
 from tinyc.helpers import prod
 from tinyc.ops import BinaryOps, LoadOps
+from tinyc.shape.symbolic import Node, sym_infer
 from tinyc.device import Device
 from tinyc.lazy import LazyBuffer
 from tinyc.realize import realize
@@ -36,6 +37,9 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
       self.lazydata = data if device is None or device == data.device else data.copy_to_device(Device.canonicalize(device))
       return
     device = Device.canonicalize(device)
+    if isinstance(data, Node):  # a bound Variable (or a Node of them) as a value: a constant that the kernels take as an argument
+      self.lazydata = LazyBuffer.loadop(LoadOps.CONST, (), dtype or dtypes.int32, device, arg=data)
+      return
     if isinstance(data, Tensor): data, dtype = data.numpy(), dtype or data.dtype  # numpy() gives bfloat16 as float32: keep the dtype
     if isinstance(data, np.generic): data = np.asarray(data)  # a numpy scalar keeps its dtype, as in torch (np.float64 is also a float)
     if isinstance(data, (bool, int, float)):
@@ -90,15 +94,16 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
     realize([t.lazydata for t in tensors])
   def numpy(self) -> np.ndarray:
     """The values as a numpy array of exactly this shape (bfloat16 comes back as float32). Raises IndexOutOfRangeError if an index
-    tensor used since the last read of the host had a value out of range (index_check.py)."""
-    if self.numel() == 0: return np.zeros(self.shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else self.dtype.np)
+    tensor used since the last read of the host had a value out of range (index_check.py). A symbolic shape reads its bound sizes."""
+    shape = tuple(sym_infer(size, {}) for size in self.shape)  # (a symbolic size is read at its bound value)
+    if prod(shape) == 0: return np.zeros(shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else self.dtype.np)
     data = self.lazydata
     # a contiguous view of its whole base (a plain reshape) is read as it is; anything else is copied out by a kernel first
     if not (data.base is data or (data.st.contiguous and prod(data.shape) == prod(data.base.shape))): data = data.contiguous()
     realize([data])
     index_check.read_pending()
     assert data.base.realized is not None
-    return data.base.realized.numpy().reshape(self.shape)
+    return data.base.realized.numpy()[:prod(shape)].reshape(shape)
   def item(self) -> Scalar:
     """The single value of a one-element tensor as a Python number."""
     if self.numel() != 1: raise RuntimeError(f"a Tensor with {self.numel()} elements cannot be converted to Scalar")

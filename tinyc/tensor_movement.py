@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 from tinyc.dtype import dtypes
-from tinyc.helpers import argfix, flatten, keyword_aliases, prod
+from tinyc.helpers import all_int, argfix, flatten, keyword_aliases, prod
+from tinyc.shape.symbolic import Node, sym_infer, sym_max, sym_min
 from tinyc import function as F
 
 class ShapeError(RuntimeError, ValueError):
@@ -31,15 +32,21 @@ class MovementMixin:
   def reshape(self, shape: Any, *more: int) -> Any:
     """The same elements in a new shape; one dim may be -1."""
     dims = argfix(shape, *more)
-    if not all(isinstance(d, int) for d in dims): raise TypeError(f"reshape needs ints, got {dims}")
+    if not all(isinstance(d, (int, Node)) for d in dims): raise TypeError(f"reshape needs ints (or bound Variables), got {dims}")
+    if all_int(dims) and not all_int(self.shape):  # a symbolic shape to the sizes it is bound to: a view of its values, stored
+      bound = self.contiguous()  # type: ignore[attr-defined]
+      return bound.reshape(tuple(sym_infer(size, {}) for size in self.shape)).reshape(dims) if -1 in dims else \
+        type(self)._apply(F.Reshape, bound, shape=self._check_size(dims, sym_infer(prod(self.shape), {})))
     if dims.count(-1) > 1: raise ShapeError(f"only one dimension can be inferred, got shape {dims}")
     if -1 in dims:
       known = prod(d for d in dims if d != -1)
       if known == 0 or prod(self.shape) % known: raise ShapeError(f"shape {dims} is invalid for input of size {prod(self.shape)}")
       dims = tuple(prod(self.shape) // known if d == -1 else d for d in dims)
-    if any(d < 0 for d in dims) or prod(dims) != prod(self.shape):
-      raise ShapeError(f"shape {dims} is invalid for input of size {prod(self.shape)} (input shape {self.shape})")
-    return self if dims == self.shape else type(self)._apply(F.Reshape, self, shape=dims)
+    return self if dims == self.shape else type(self)._apply(F.Reshape, self, shape=self._check_size(dims, prod(self.shape)))
+  def _check_size(self, dims: tuple[Any, ...], size: Any) -> tuple[Any, ...]:
+    if any(sym_min(d) < 0 for d in dims) or prod(dims) != size:
+      raise ShapeError(f"shape {dims} is invalid for input of size {size} (input shape {self.shape})")
+    return dims
 
   def expand(self, shape: Any, *more: int) -> Any:
     """Broadcast size-1 dims to `shape` (-1 keeps a dim); new leading dims are allowed."""
@@ -69,7 +76,9 @@ class MovementMixin:
     """Keep [begin, end) in each dim (None keeps the whole dim)."""
     if len(bounds) != self.ndim: raise ValueError(f"shrink needs one (begin, end) per dim of {self.shape}, got {bounds}")
     full = tuple(b if b is not None else (0, s) for b, s in zip(bounds, self.shape))
-    if any(not 0 <= b <= e <= s for (b, e), s in zip(full, self.shape)): raise ValueError(f"shrink bounds {full} do not fit shape {self.shape}")
+    # (a bound may be a bound Variable, or a Node of them: it must fit for every value, and a symbolic size must be at least 1)
+    if any(not (0 <= sym_min(b) and (e == s or sym_max(e) <= sym_min(s)) and sym_min(e - b) >= (1 if isinstance(e - b, Node) else 0))
+           for (b, e), s in zip(full, self.shape)): raise ValueError(f"shrink bounds {full} do not fit shape {self.shape} for every value")
     return self if all(b == (0, s) for b, s in zip(full, self.shape)) else type(self)._apply(F.Shrink, self, bounds=full)
 
   @keyword_aliases(arg="padding")

@@ -19,7 +19,7 @@ def outermost_global_loop(uops: list[UOp]) -> UOp | None:
 
 def outer_split(uops: list[UOp]) -> tuple[int, int] | None:
   """(the outermost global loop's trips, the fewest worth a thread) for a kernel worth two threads or more, else None."""
-  if (loop := outermost_global_loop(uops)) is None: return None
+  if (loop := outermost_global_loop(uops)) is None or loop.src[1].op is not UOps.CONST: return None  # (a symbolic loop: one thread)
   rows = loop.src[1].arg
   work = executed(uops, lambda uop: uop.op in (UOps.ALU, UOps.LOAD, UOps.STORE))
   min_rows = -(-CPU_WORK_PER_THREAD * rows // max(work, 1))  # rounded up

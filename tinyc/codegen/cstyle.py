@@ -284,10 +284,14 @@ class CStyleRenderer:
       if uop.op is UOps.DEFINE_GLOBAL:
         assert uop.arg.number == len(params), f"buffer {uop.arg.number} as parameter {len(params)}"
         params.append(f"{dialect.buffer_prefix}{'' if uop.arg.is_output else 'const '}{self.memory_type(dtype)}* {uop.arg.name}")
+      elif uop.op is UOps.DEFINE_VAR:  # after the buffers
+        self.names[uop] = uop.arg.expr
+        params.append(f"int {uop.arg.expr}")
       elif uop.op is UOps.CONST: self.names[uop] = self.const(uop.arg, dtype)
       elif uop.op is UOps.SPECIAL:
         thread_id = {ThreadKind.GLOBAL: dialect.global_id, ThreadKind.GROUP: dialect.group_id, ThreadKind.LOCAL: dialect.local_id}[uop.arg.kind]
-        self.emit(f"int {uop.arg.name} = {thread_id(uop.arg.dim)};  /* 0..{uop.arg.size - 1} */")
+        last = uop.arg.size - 1 if isinstance(uop.arg.size, int) else f"{uop.arg.size.render()}-1"
+        self.emit(f"int {uop.arg.name} = {thread_id(uop.arg.dim)};  /* 0..{last} */")
       elif uop.op is UOps.DEFINE_LOCAL:
         if dynamic_bytes:  # a part of the dynamic memory, 16-byte aligned
           self.emit(f"{self.memory_type(dtype)}* {uop.arg.name} = ({self.memory_type(dtype)}*)(dynamic_local+{dynamic_offsets[uop]});")

@@ -31,13 +31,14 @@ neighbouring threads share cache lines. Elementwise kernels get 4 lanes along th
 stores, and the runtime's work-group size.
 """
 from __future__ import annotations
-from tinyc.helpers import NOOPT, prod
+from tinyc.helpers import NOOPT, all_int, prod
 from tinyc.ops import MemBuffer
 from tinyc.codegen.kernel import AxisKind, Kernel, KernelOptError, Opt, OptOps
 
 def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
-  """Apply the heuristic's Opts to `kernel` and return them (none with NOOPT=1)."""
-  if NOOPT: return []
+  """Apply the heuristic's Opts to `kernel` and return them (none with NOOPT=1, nor for a kernel with a symbolic axis: its rules compare
+  sizes, which a symbolic axis does not have)."""
+  if NOOPT or not all_int(kernel.full_shape): return []
   inputs = [i for i, buf in enumerate(kernel.bufs) if isinstance(buf, MemBuffer) and buf.idx != 0]
   if kernel.target.has_local: _gpu_optimizations(kernel, inputs)
   elif kernel.axes(AxisKind.REDUCE): _cpu_optimizations(kernel, inputs)  # (elementwise loops are vectorized by LLVM as they are)

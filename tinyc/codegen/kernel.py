@@ -24,13 +24,13 @@ from __future__ import annotations
 import copy, math
 from typing import Callable, Sequence, cast
 from tinyc.dtype import DType, dtypes
-from tinyc.helpers import ALLOW_TF32, DEBUG, colored, dedup, prod, to_function_name
+from tinyc.helpers import ALLOW_TF32, DEBUG, all_int, colored, dedup, prod, to_function_name
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, ReduceOps, UnaryOps
 from tinyc.codegen.uops import PYTHON_ALU
 from tinyc.codegen.axes import (CPU_TARGET, GPU_MAX_UPCAST, KIND_COLORS, LANES, LAYOUT_RANK, MAX_UPCAST, REDUCE_SIDE, SPLIT_KINDS, TC_DTYPES,
                                 TC_SHAPE, THREADS, AxisKind, KernelOptError, KernelTarget, Opt, OptOps, TileLayout, tc_reduce)
 from tinyc.shape.shapetracker import ShapeTracker
-from tinyc.shape.symbolic import AndNode, Node, Variable
+from tinyc.shape.symbolic import AndNode, Node, Variable, sym_max
 from tinyc.shape.view import View
 
 class Kernel:
@@ -45,7 +45,10 @@ class Kernel:
     self.bufs: list[MemBuffer | ConstBuffer] = dedup([store.arg for store in self.stores] + leaves)
     self.sts: list[ShapeTracker] = [buf.st for buf in self.bufs]
     assert len({len(st.shape) for st in self.sts}) == 1, f"every buffer of a kernel needs one dim per axis, got {[st.shape for st in self.sts]}"
-    self.full_shape: tuple[int, ...] = tuple(max(sizes) for sizes in zip(*[st.shape for st in self.sts]))
+    self.full_shape: tuple[int, ...] = tuple(next((size for size in sizes if size != 1), 1) for sizes in zip(*[st.shape for st in self.sts]))
+    # the Variables of symbolic dims (and constants), each an int argument of the program, in this order
+    self.vars: list[Variable] = sorted(set().union(*[st.vars() for st in self.sts], *[buf.val.vars() for buf in self.bufs
+                                                     if isinstance(buf, ConstBuffer) and isinstance(buf.val, Node)]), key=lambda var: var.expr)
     self.owners: tuple[frozenset[int], ...] = tuple(frozenset(number for number, reduceop in enumerate(self.reduceops) if axis in reduceop.arg)
                                                     for axis in range(len(self.full_shape)))
     self.kinds: tuple[AxisKind, ...] = tuple(AxisKind.REDUCE if owners else AxisKind.GLOBAL for owners in self.owners)
@@ -91,7 +94,7 @@ class Kernel:
     if node not in memo:
       if node.op in (BufferOps.LOAD, BufferOps.CONST):
         number = self.bufs.index(node.arg)
-        memo[node] = frozenset(axis for axis in range(self.shape_len) if self.spans(number, axis) and self.full_shape[axis] > 1)
+        memo[node] = frozenset(axis for axis in range(self.shape_len) if self.spans(number, axis) and sym_max(self.full_shape[axis]) > 1)
       elif node.op in ReduceOps:
         reduce_number = self.reduceops.index(node)
         memo[node] = frozenset(axis for axis in self.value_axes(node.src[0], memo) if reduce_number not in self.owners[axis])
@@ -122,7 +125,7 @@ class Kernel:
     st = self.sts[number]
     if st.real_strides(ignore_valid=True)[axis] != 0: return False
     if st.real_strides()[axis] == 0: return True
-    idxs = [Variable(f"i{axis}", 0, size - 1) for axis, size in enumerate(self.full_shape)]
+    idxs = [Variable(f"i{axis}", 0, sym_max(size) - 1) for axis, size in enumerate(self.full_shape)]
     def terms(st: ShapeTracker) -> list[Node]:  # the conditions whose AND is the validity
       valid = st.expr_idxs(idxs)[1]
       return list(valid.nodes) if isinstance(valid, AndNode) else [valid]
@@ -159,7 +162,8 @@ class Kernel:
 
   def describe_layout(self) -> str:
     """The axes, each size coloured by its kind (DEBUG>=3 prints it), then the kinds in words."""
-    sizes = " ".join(colored(f"{size:4d}", KIND_COLORS[kind]) for size, kind in zip(self.full_shape, self.kinds))
+    sizes = " ".join(colored(f"{size if isinstance(size, int) else size.render():>4}", KIND_COLORS[kind])  # (a symbolic size: its Variable)
+                     for size, kind in zip(self.full_shape, self.kinds))
     kinds = " ".join(f"{kind.name.lower()}{sorted(owners) if owners else ''}" for kind, owners in zip(self.kinds, self.owners))
     return f"{sizes}   {kinds}"
 
@@ -184,6 +188,8 @@ class Kernel:
     """Merge the leading GLOBAL axes so at most `limit` remain (GPUs launch at most 3 dimensions of work-groups)."""
     if len(self.axes(AxisKind.GLOBAL)) <= limit: return
     merged = len(self.axes(AxisKind.GLOBAL)) - limit + 1
+    if not all_int(self.full_shape[:merged]):
+      raise NotImplementedError(f"a kernel of {self.full_shape} launches over more than {limit} dims, and a symbolic one is among those to merge")
     self._reshape(lambda shape: [prod(shape[:merged])] + list(shape[merged:]), range(merged - 1, self.shape_len))
 
   def shift_to(self, axis: int, amount: int, kind: AxisKind, top: bool = False) -> None:
@@ -216,6 +222,8 @@ class Kernel:
       _check(not self.axes(*THREADS), opt, "the kernel already chose its locals")
       self.dont_use_locals = True
       return
+    if not all_int(self.full_shape):
+      _check(opt.op not in (OptOps.STAGE, OptOps.TC, OptOps.PADTO), opt, "a kernel with a symbolic axis does not take it")
     if opt.op is OptOps.STAGE: return self._stage(opt)
     if opt.op is OptOps.TC: return self._tensor_core(opt)
     global_axes, reduce_axes = self.axes(AxisKind.GLOBAL), self.axes(AxisKind.REDUCE)
@@ -224,6 +232,8 @@ class Kernel:
     _check(0 <= opt.axis < len(allowed), opt, f"axis {opt.axis} is not one of this kernel's axes for it ({_describe(allowed)} in {self.full_shape})")
     axis = allowed[opt.axis]
     size = self.full_shape[axis]
+    _check(isinstance(size, int), opt, f"axis {axis} has the symbolic size {size}: only concrete axes split")
+    assert isinstance(size, int)
     if opt.op is OptOps.PADTO: return self._pad_to(opt, axis, size)
     amount = size if opt.amount == 0 else opt.amount
     _check(amount > 1 and size % amount == 0, opt, f"amount {amount} must be > 1 and divide the axis size {size}")
@@ -337,6 +347,7 @@ class Kernel:
 
   def _can_merge(self, axis: int) -> bool:
     if (self.kinds[axis], self.owners[axis]) != (self.kinds[axis + 1], self.owners[axis + 1]) or self.kinds[axis] in LANES: return False
+    if not all_int(self.full_shape[axis:axis + 2]): return False  # a symbolic axis stays an axis of its own
     for st in self.sts:
       view = st.views[-1]
       if view.mask is not None and any(view.mask[i] != (0, view.shape[i]) for i in (axis, axis + 1)): return False
@@ -347,7 +358,7 @@ class Kernel:
   def name(self) -> str:
     """A readable kernel name: r_ for a reduce, E_ for elementwise, then the axis sizes (output axes, reduce axes, lanes)."""
     prefix = "r" if self.reduceops else "E"
-    sizes = [str(size) for size in self.full_shape]
+    sizes = [str(size) if isinstance(size, int) else size.render() for size in self.full_shape]
     if self.reduceops: sizes.insert((self.axes(*REDUCE_SIDE, *LANES) or [self.shape_len])[0], "")
     if lanes := self.axes(*LANES): sizes.insert(lanes[0] + bool(self.reduceops), "")
     return to_function_name(f"{prefix}_{'_'.join(sizes)}".replace("__", "_"))

@@ -12,7 +12,7 @@ from tinyc.dtype import DType, dtypes
 from tinyc.helpers import DEBUG, prod
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, ReduceOps, TernaryOps, UnaryOps, const_key
 from tinyc.shape.shapetracker import flatten_node
-from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, simplify_given_valid
+from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, simplify_given_valid, sint, sym_max
 from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel, partials_dtype
 from tinyc.codegen.uops import (PACKED_16_BIT, PYTHON_ALU, VECTOR_WIDTH, Fragment, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind,
                                UOp, UOps, cast_python_value, without_unused)
@@ -42,8 +42,9 @@ class Lanes(NamedTuple):
 # the rule of a Node type for Node.render: (node, rules, linearizer) -> its UOp. `a <op> b` with a number b is one ALU UOp (of
 # the index dtype unless `dtype` is given); a SumNode or AndNode folds its terms with `op`
 RenderRule = Callable[[Any, Any, "Linearizer"], UOp]
-def _with_number(op: BinaryOps, dtype: DType | None = None) -> RenderRule:
-  return lambda node, ops, ctx: ctx.alu(op, dtype or ctx.index_dtype, node.a.render(ops, ctx), ctx.const(node.b, ctx.index_dtype))
+def _with_number(op: BinaryOps, dtype: DType | None = None) -> RenderRule:  # (b is a Node too in a product or comparison of symbolic sizes)
+  return lambda node, ops, ctx: ctx.alu(op, dtype or ctx.index_dtype, node.a.render(ops, ctx),
+                                        node.b.render(ops, ctx) if isinstance(node.b, Node) else ctx.const(node.b, ctx.index_dtype))
 def _folded(op: BinaryOps, dtype: DType | None = None) -> RenderRule:
   return lambda node, ops, ctx: functools.reduce(functools.partial(ctx.alu, op, dtype or ctx.index_dtype), [n.render(ops, ctx) for n in node.nodes])
 
@@ -66,6 +67,8 @@ class Linearizer:
     dtype_of_buffer = {buf.idx: buf.dtype for buf in kernel.bufs if isinstance(buf, MemBuffer)}
     self.globals = {idx: self.uop(UOps.DEFINE_GLOBAL, dtype, (), GlobalBuffer(f"data{idx}", idx, idx < kernel.n_outputs), pure=False)
                     for idx, dtype in sorted(dtype_of_buffer.items())}
+    for var in kernel.vars:  # a symbolic size is an int argument, read wherever the index math names its Variable
+      self.loop_uops[var.expr] = self.cast(self.uop(UOps.DEFINE_VAR, dtypes.int32, (), var, pure=False), self.index_dtype)
     self.tiles: dict[MemBuffer | ConstBuffer, Tile] = {kernel.bufs[number]: define_tile(self, number) for number in kernel.staged}
 
   # ---- making UOps ----
@@ -97,13 +100,13 @@ class Linearizer:
     if value.op is UOps.CONST: return self.const(value.arg, dtype)
     return self.uop(UOps.CAST, dtype, (value,))
 
-  def loop(self, name: str, size: int, axis: int | None, outermost_global: bool = False) -> UOp:
+  def loop(self, name: str, size: sint, axis: int | None, outermost_global: bool = False) -> UOp:
     # LLVM should vectorize across the trips only of a long loop along which every buffer moves by 0 or 1 elements: otherwise
     # it takes gathers or masked tails, and packing the upcast lanes (SLP) is the better plan
-    vectorize = axis is not None and size >= 16 and all(
+    vectorize = axis is not None and sym_max(size) >= 16 and all(
       st.real_strides()[axis] in (0, 1) for st, buf in zip(self.kernel.sts, self.kernel.bufs) if isinstance(buf, MemBuffer))
-    bounds = (self.const(0, self.index_dtype), self.const(size, self.index_dtype))
-    loop = self.uop(UOps.LOOP, self.index_dtype, bounds, Loop(name, vectorize, outermost_global), pure=False)
+    bounds = (self.const(0, self.index_dtype), self.index(size) if isinstance(size, Node) else self.const(size, self.index_dtype))
+    loop = self.uop(UOps.LOOP, self.index_dtype, bounds, Loop(name, vectorize, outermost_global, size), pure=False)
     self.loop_uops[name] = loop
     self._open_loops.append(loop)
     self._scopes.append([])
@@ -179,8 +182,9 @@ class Linearizer:
     """The values of `node`, one per lane."""
     if node.op in (BufferOps.LOAD, BufferOps.CONST):
       buf, st = node.arg, self.kernel.sts[self.kernel.bufs.index(node.arg)]
-      if isinstance(buf, ConstBuffer):  # its value, 0 where its view is masked (padding)
-        value, zero = self.const(buf.val, buf.dtype), self.const(0, buf.dtype)
+      if isinstance(buf, ConstBuffer):  # its value (a Node: of the kernel's Variables), 0 where its view is masked (padding)
+        value = self.cast(self.index(buf.val), buf.dtype) if isinstance(buf.val, Node) else self.const(buf.val, buf.dtype)
+        zero = self.const(0, buf.dtype)
         return [self.alu(TernaryOps.WHERE, buf.dtype, self.index(st.expr_idxs(idxs)[1]), value, zero) for idxs in lanes.idxs]
       if (tile := self.tiles.get(buf)) is not None:
         assert scope.tile_stage is not None, "a staged buffer is read inside its reduce loop"
@@ -229,7 +233,7 @@ class Linearizer:
                                (thread_axes, "l", ThreadKind.LOCAL)):
       for position, axis in enumerate(axes):
         name, size, dim = f"{prefix}idx{axis}", kernel.full_shape[axis], len(axes) - 1 - position + (prefix == "l" and bool(warp_axes))
-        self.thread_idxs[axis] = Variable(name, 0, size - 1)
+        self.thread_idxs[axis] = Variable(name, 0, sym_max(size) - 1)
         if self.threads: self.loop_uops[name] = self.uop(UOps.SPECIAL, self.index_dtype, (), ThreadIndex(dim, name, size, kind), pure=False)
     if warp_axes:
       self.loop_uops["lane"] = self.uop(UOps.SPECIAL, self.index_dtype, (), ThreadIndex(0, "lane", 32, ThreadKind.LOCAL), pure=False)
@@ -266,7 +270,7 @@ class Linearizer:
       name = f"ridx{axis}"
       while any(loop.arg.name == name for loop in self._open_loops): name += "_"  # a loop nested in another over the same axis
       loops.append(self.loop(name, self.kernel.full_shape[axis], axis))
-      scope.bound[axis] = Variable(name, 0, self.kernel.full_shape[axis] - 1)
+      scope.bound[axis] = Variable(name, 0, sym_max(self.kernel.full_shape[axis]) - 1)
       self.hoist(hoisted, scope)
     return loops
 

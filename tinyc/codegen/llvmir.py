@@ -140,11 +140,13 @@ def render_llvm(function_name: str, uops: list[UOp]) -> str:
 def _render_llvm(function_name: str, uops: list[UOp]) -> str:
   module = ir.Module(name=function_name)
   buffers = [uop for uop in uops if uop.op is UOps.DEFINE_GLOBAL]
+  variables = [uop for uop in uops if uop.op is UOps.DEFINE_VAR]  # i32 arguments after the buffers
   outer_loop = outermost_global_loop(uops) if outer_split(uops) else None
   range_types = [ir.IntType(64)] * 2 if outer_loop is not None else []
-  function = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()] * len(buffers) + range_types), name=function_name)
+  argument_types = [ir.PointerType()] * len(buffers) + [ir.IntType(32)] * len(variables) + range_types
+  function = ir.Function(module, ir.FunctionType(ir.VoidType(), argument_types), name=function_name)
   for arg in function.args[:len(buffers)]: arg.add_attribute("noalias")
-  for arg, name in zip(function.args[len(buffers):], ("start", "end")): arg.name = name
+  for arg, name in zip(function.args[len(buffers):], [variable.arg.expr for variable in variables] + ["start", "end"]): arg.name = name
   allocas = ir.IRBuilder(function.append_basic_block("entry"))  # allocas and the loop range, then a branch to the body
   builder = ir.IRBuilder(function.append_basic_block("body"))
   if outer_loop is not None:
@@ -152,7 +154,7 @@ def _render_llvm(function_name: str, uops: list[UOp]) -> str:
     # vectorize loads (without it a 512x512 matmul runs 5x slower). Truncated here where the index type is i32.
     index_type, trips = register_type(_dtype_of(outer_loop)), ir.Constant(ir.IntType(64), outer_loop.src[1].arg)
     outer_bounds = []
-    for arg in function.args[len(buffers):]:
+    for arg in function.args[len(buffers) + len(variables):]:
       clamped = allocas.select(allocas.icmp_unsigned("<", arg, trips), arg, trips)
       outer_bounds.append(clamped if clamped.type == index_type else allocas.trunc(clamped, index_type))
   values: dict[UOp, Any] = {}  # UOp -> its llvmlite value
@@ -163,6 +165,7 @@ def _render_llvm(function_name: str, uops: list[UOp]) -> str:
     src: list[Any] = [values.get(s) for s in uop.src]
     dtype = uop.dtype if uop.dtype is not None else dtypes.bool  # (ops without a dtype do not read it)
     if uop.op is UOps.DEFINE_GLOBAL: values[uop] = function.args[uop.arg.number]
+    elif uop.op is UOps.DEFINE_VAR: values[uop] = function.args[len(buffers) + variables.index(uop)]
     elif uop.op is UOps.CONST: values[uop] = _constant(uop.arg, dtype)
     elif uop.op is UOps.DEFINE_ACC:
       values[uop] = allocas.alloca(register_type(dtype))  # in the entry block, where mem2reg promotes it

@@ -1,4 +1,4 @@
-"""Layer 3: UOps, the typed linear IR that every renderer turns into source. Imports helpers, dtype, ops."""
+"""Layer 3: UOps, the typed linear IR that every renderer turns into source. Imports helpers, dtype, ops, shape/."""
 from __future__ import annotations
 import math, operator
 from dataclasses import dataclass
@@ -6,9 +6,11 @@ from enum import Enum, auto
 from typing import Any, Callable, NamedTuple
 from tinyc.dtype import DType, dtypes
 from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
+from tinyc.shape.symbolic import sint, sym_max
 
 class UOps(Enum):
   DEFINE_GLOBAL = auto()  # arg: a GlobalBuffer; dtype: element type of the buffer
+  DEFINE_VAR = auto()     # arg: a Variable (of a symbolic dim), an int parameter after the buffers, in Kernel.vars' order
   DEFINE_ACC = auto()     # a mutable local scalar, or vector (CPUs); arg: its start value (each lane's). LOAD(acc) reads it, STORE(acc, v) writes it
   SPECIAL = auto()        # a thread id on GPUs; arg: a ThreadIndex
   DEFINE_LOCAL = auto()   # memory shared by a work-group (CUDA __shared__, OpenCL __local); arg: LocalBuffer
@@ -53,7 +55,7 @@ class ThreadIndex(NamedTuple):
   """SPECIAL's arg: a GPU thread index along launch dimension `dim`, from 0 to size - 1."""
   dim: int
   name: str
-  size: int
+  size: sint  # symbolic for a symbolic axis: the launch size is worked out from the Variables' values at each run
   kind: ThreadKind
 
 class Loop(NamedTuple):
@@ -61,6 +63,7 @@ class Loop(NamedTuple):
   name: str
   vectorize: bool
   outermost_global: bool = False
+  trips: sint = 0  # a symbolic loop's trip count (src[1] holds it as a UOp): executed() counts it at its largest
 
 class Fragment(NamedTuple):
   """LOAD_FRAGMENT's arg: `matrices` 8 x 8 matrices of 16-bit values read by a warp together (ldmatrix), each thread giving the
@@ -110,13 +113,17 @@ def cast_python_value(value: Any, dtype: DType) -> Any:
   wrapped = int(value) & ((1 << bits) - 1)
   return wrapped - (1 << bits) if not dtypes.is_unsigned(dtype) and wrapped >= 1 << (bits - 1) else wrapped
 
+def loop_trips(loop: UOp) -> int:
+  """A LOOP's trip count: its end where that is a constant, else the largest its Variables allow."""
+  return loop.src[1].arg if loop.src[1].op is UOps.CONST else sym_max(loop.arg.trips)
+
 def executed(uops: list[UOp], counted: Callable[[UOp], bool]) -> int:
   """How often the `counted` uops run: each once per iteration of the loops around it (and per GPU thread), once a lane of a vector."""
   total, trips = 0, 1
   for uop in uops:
-    if uop.op is UOps.LOOP: trips *= uop.src[1].arg
-    elif uop.op is UOps.END and uop.src[0].op is UOps.LOOP: trips //= uop.src[0].src[1].arg
-    elif uop.op is UOps.SPECIAL: trips *= uop.arg.size  # one GPU thread per index
+    if uop.op is UOps.LOOP: trips *= loop_trips(uop)
+    elif uop.op is UOps.END and uop.src[0].op is UOps.LOOP: trips //= loop_trips(uop.src[0])
+    elif uop.op is UOps.SPECIAL: trips *= sym_max(uop.arg.size)  # one GPU thread per index
     elif counted(uop): total += trips * (uop.dtype.count if uop.dtype is not None else 1)
   return total
 

@@ -91,14 +91,16 @@ def _runner(module: Any, name: str, source: str) -> Callable[..., float | None]:
   if dynamic_local: function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_local)
   # pycuda's prepared_call ends in _launch_kernel: called directly, a launch took 4.5 us on the H200 machine instead of 5.5
   launch = function._launch_kernel
-  def run(*buffers: Any, global_size: tuple[int, int, int], local_size: tuple[int, int, int], wait: bool = False, stream: Any = None) -> float | None:
+  def run(*args: Any, global_size: tuple[int, int, int], local_size: tuple[int, int, int], wait: bool = False, stream: Any = None) -> float | None:
     grid = tuple(g // l for g, l in zip(global_size, local_size))
+    values = [arg for arg in args if isinstance(arg, int)]  # the Variables' values follow the buffers
+    buffers = args[:len(args) - len(values)]
     PRIMARY.make_current()
     try:
       if wait:
         start, end = cuda.Event(), cuda.Event()  # this run's own: threads may time one kernel at once
         start.record()
-      launch(grid, local_size, _pointer_packer(len(buffers))(*map(int, buffers)), dynamic_local, stream)
+      launch(grid, local_size, _parameter_packer(len(buffers), len(values))(*map(int, buffers), *values), dynamic_local, stream)
       if not wait: return None
       end.record()
       end.synchronize()
@@ -108,21 +110,22 @@ def _runner(module: Any, name: str, source: str) -> Callable[..., float | None]:
   return run
 
 @functools.cache
-def _pointer_packer(count: int) -> Callable[..., bytes]:
-  """Packs a kernel's parameters, one pointer per buffer in the order the program is called with (as every renderer declares them)."""
-  return struct.Struct("P" * count).pack
+def _parameter_packer(count: int, values: int) -> Callable[..., bytes]:
+  """Packs a kernel's parameters, one pointer per buffer in the order the program is called with (as every renderer declares them),
+  then an int for each Variable of its symbolic sizes."""
+  return struct.Struct("P" * count + "i" * values).pack
 
 class CUDAGraph:
   """TinyJit's replay as one launch of a CUDA graph, instead of about 10 us of Python and driver work for each kernel. A graph
   bakes in buffer addresses, so one is recorded for each set of input addresses; a replay's new inputs mostly get one of a
   few addresses back from the allocator's cache (the JIT holds the last inputs, so two alternate)."""
-  def __init__(self, steps: list[tuple[Program, list[Buffer]]]) -> None:
+  def __init__(self, steps: list[tuple[Program, list[Buffer], dict]]) -> None:
     self.steps = steps
     self.executables: dict[tuple[int, ...], ctypes.c_void_p] = {}  # input addresses -> instantiated graph, oldest first
     self.recordings = 0
     PRIMARY.make_current()
     self.stream = cuda.Stream(flags=1)  # CU_STREAM_NON_BLOCKING: a capturing stream must not wait on the legacy stream
-    self.flops, self.mem_bytes = sum(program.flops for program, _ in steps), sum(program.mem_bytes for program, _ in steps)
+    self.flops, self.mem_bytes = sum(step[0].flops for step in steps), sum(step[0].mem_bytes for step in steps)
 
   def __call__(self, input_buffers: list[Buffer]) -> None:
     PRIMARY.make_current()
@@ -137,7 +140,7 @@ class CUDAGraph:
     graph, executable = ctypes.c_void_p(), ctypes.c_void_p()
     _check(_driver.cuStreamBeginCapture_v2(ctypes.c_void_p(self.stream.handle), 2))  # CU_STREAM_CAPTURE_MODE_RELAXED
     try:
-      for program, buffers in self.steps:
+      for program, buffers, _ in self.steps:  # (no symbolic sizes: jit.py launches those steps one by one)
         program.run(*[buf.opaque for buf in buffers], global_size=program.global_size, local_size=program.local_size, stream=self.stream)
     finally: _check(_driver.cuStreamEndCapture(ctypes.c_void_p(self.stream.handle), ctypes.byref(graph)))
     _check(_driver.cuGraphInstantiateWithFlags(ctypes.byref(executable), graph, ctypes.c_ulonglong(0)))

@@ -87,18 +87,19 @@ class LLVMCompiler:
 
 def make_runner(address: int) -> Callable[..., float | None]:
   function = ctypes.CFUNCTYPE(None)(address)  # no argtypes: each call passes c_void_p pointers (and c_int64 bounds) as they are
-  def run(*buffers: HostMemory, global_size: tuple[int, int, int] | None = None, local_size: tuple[int, int, int] | None = None,
+  def run(*args: HostMemory | int, global_size: tuple[int, int, int] | None = None, local_size: tuple[int, int, int] | None = None,
           wait: bool = False) -> float | None:
-    """For a kernel split across threads (it takes [start, end) of its outermost global loop after the buffers), global_size[0] is that loop's trips
-    and local_size[0] the fewest of them worth a thread; None for one that runs on one thread (see codegen/cpu_split.py)."""
+    """args: the buffers, then the values of the kernel's Variables. For a kernel split across threads (it takes [start, end) of its
+    outermost global loop after those), global_size[0] is that loop's trips and local_size[0] the fewest of them worth a thread; None
+    for one that runs on one thread (see codegen/cpu_split.py)."""
     started = time.perf_counter()
-    pointers = [buf.pointer for buf in buffers]
+    pointers = [ctypes.c_int32(arg) if isinstance(arg, int) else arg.pointer for arg in args]
     if global_size is None: function(*pointers)
     else: run_ranges(function, pointers, split_range(global_size[0], (local_size or global_size)[0], cpu_threads()))
     return time.perf_counter() - started if wait else None
   return run
 
-def run_ranges(function: Callable[..., None], pointers: list[ctypes.c_void_p], ranges: list[tuple[int, int]]) -> None:
+def run_ranges(function: Callable[..., None], pointers: list[Any], ranges: list[tuple[int, int]]) -> None:
   """function(*pointers, start, end) for every range at once: the first on this thread, the others on pool threads. Returns when
   all have finished, so no thread still writes a buffer after its kernel has returned."""
   bounds = [(ctypes.c_int64(start), ctypes.c_int64(end)) for start, end in ranges]

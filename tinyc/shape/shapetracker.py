@@ -5,14 +5,14 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from typing import Sequence
-from tinyc.helpers import prod
-from tinyc.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable
+from tinyc.helpers import all_int, prod
+from tinyc.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, bound_values, sym_max, sym_min
 from tinyc.shape.view import View, strides_for_shape
 
 @functools.lru_cache(maxsize=None)
 def index_variables(shape: tuple[int, ...]) -> tuple[Node, ...]:
-  """Variables idx0, idx1, ... over `shape` (a size-1 dim gives NumNode(0))."""
-  return tuple(Variable(f"idx{axis}", 0, size - 1) if size > 0 else NumNode(0) for axis, size in enumerate(shape))
+  """Variables idx0, idx1, ... over `shape` (a size-1 dim gives NumNode(0); a symbolic dim's runs to its largest size)."""
+  return tuple(Variable(f"idx{axis}", 0, sym_max(size) - 1) if sym_max(size) > 0 else NumNode(0) for axis, size in enumerate(shape))
 
 def flatten_node(idxs: Sequence[Node], shape: Sequence[int]) -> Node:
   """The row-major flat index of per-dim index nodes `idxs` over `shape`."""
@@ -43,19 +43,30 @@ class ShapeTracker:
 
   @functools.lru_cache(maxsize=None)  # the scheduler asks this on every realize
   def real_size(self) -> int:
-    """How many elements the buffer under views[0] must hold: the largest valid index + 1 (0 when nothing is valid)."""
+    """How many elements the buffer under views[0] must hold: the largest valid index + 1 (0 when nothing is valid), for the largest
+    value of each Variable."""
     view = self.views[0]
     if 0 in view.shape or view.all_invalid: return 0
     mask = view.mask if view.mask is not None else tuple((0, size) for size in view.shape)
-    return view.offset + sum(stride * (end - 1 if stride > 0 else begin) for stride, (begin, end) in zip(view.strides, mask)) + 1
+    return sym_max(view.offset + sum(stride * (end - 1 if sym_min(stride) > 0 else begin) for stride, (begin, end) in zip(view.strides, mask)) + 1)
+
+  def vars(self) -> set[Variable]: return set().union(*[view.vars() for view in self.views])
+  def substitute(self, mapping: dict[Variable, Node | int]) -> ShapeTracker:
+    return ShapeTracker(tuple(view.substitute(mapping) for view in self.views))
+  def bound(self) -> ShapeTracker:
+    """This tracker with each bound Variable replaced by its value: concrete."""
+    return self.substitute({var: value for view in self.views for size in view.shape for var, value in bound_values(size).items()})
 
   # ***** movement ops: each returns a new ShapeTracker *****
 
   @functools.lru_cache(maxsize=None)
   def reshape(self, new_shape: tuple[int, ...]) -> ShapeTracker:
-    assert all(isinstance(size, int) and size >= 0 for size in new_shape), f"reshape needs nonnegative int sizes, got {new_shape}"
+    assert all(isinstance(size, (int, Node)) and sym_min(size) >= 0 for size in new_shape), f"reshape needs nonnegative sizes, got {new_shape}"
+    if all_int(new_shape) and not all_int(self.shape): return self.bound().reshape(new_shape)  # a symbolic shape to the sizes it is bound to
     assert prod(new_shape) == self.size, f"can't reshape {self.shape} ({self.size} elements) to {new_shape} ({prod(new_shape)} elements)"
     if (new_view := self.views[-1].reshape(tuple(new_shape))) is not None: return ShapeTracker(self.views[:-1] + (new_view,))
+    if not all_int(self.shape + new_shape):
+      raise NotImplementedError(f"reshaping the view {self.shape} to {new_shape} needs a symbolic dim to join others: call .contiguous() first")
     return ShapeTracker(self.views + (View.create(tuple(new_shape)),))  # no single view can: index the old one through a new one
 
   @functools.lru_cache(maxsize=None)
@@ -91,6 +102,7 @@ class ShapeTracker:
   def __add__(self, other: ShapeTracker) -> ShapeTracker:
     """Index self's buffer through `other`, a tracker built on top of self.shape."""
     # other.views[0] indexes a row-major buffer of self.shape (an expanded view is larger than what it indexes)
+    if all_int(other.views[0].shape) and not all_int(self.shape): return self.bound() + other  # read at the sizes it was bound to
     result = self
     for view in other.views:
       if view.shape != result.shape and view.size == result.size and view.contiguous: result = result.reshape(view.shape)
@@ -117,6 +129,7 @@ class ShapeTracker:
     idx, valid = self.views[-1].expr_idxs(idxs), self.views[-1].expr_valid(idxs)
     for view in reversed(self.views[:-1]):
       if valid.max == 0: return NumNode(0), NumNode(0)
+      if not all_int(view.shape): raise NotImplementedError(f"views {self.views} stack a symbolic shape: call .contiguous() first")
       view = _minify(view)
       view_idxs = unflatten_node(idx, view.shape)
       idx, valid = view.expr_idxs(view_idxs), Node.ands([valid, view.expr_valid(view_idxs)])
@@ -155,7 +168,7 @@ class ShapeTracker:
 
 def _minify(view: View) -> View:
   """`view` with adjacent dims that form one run merged into one dim (fewer // and % in the index expressions)."""
-  if len(view.shape) < 2 or view.mask is not None: return view
+  if len(view.shape) < 2 or view.mask is not None or not all_int(view.shape + view.strides): return view
   shape: list[int] = []
   strides: list[int] = []
   for size, stride in zip(view.shape, view.strides):

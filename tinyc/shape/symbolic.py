@@ -114,14 +114,26 @@ class NumNode(Node):
   def _mod(self, b: int) -> Node: return NumNode(self.b % b)
 
 class Variable(Node):
-  """A named integer in [min, max] (an index variable); one with min == max is just that number."""
+  """A named integer in [min, max]: an index variable, or a symbolic dimension (bound to its value by `bind`, for a shape). One with
+  min == max is just that number."""
   def __new__(cls, expr: str, min: int, max: int) -> Any:
     assert 0 <= min <= max, f"invalid Variable {expr}: needs 0 <= min <= max, got [{min}, {max}]"
     return NumNode(min) if min == max else super().__new__(cls)
   def __init__(self, expr: str, min: int, max: int) -> None:
     self.expr, self.min, self.max = expr, min, max
+    self.val: int | None = None  # the value of a bound Variable (part of its key: the same Variable bound otherwise is another Node)
   def __getnewargs__(self) -> tuple[str, int, int]: return (self.expr, self.min, self.max)
   def vars(self) -> set[Variable]: return {self}
+  def bind(self, value: int) -> Variable:
+    """This Variable bound to `value`, a copy (the Variable itself stays unbound): a dimension of that size, named by the Variable."""
+    if not isinstance(value, int) or not self.min <= value <= self.max:
+      raise ValueError(f"cannot bind {value!r} to Variable {self.expr}: it takes ints in [{self.min}, {self.max}]")
+    bound = Variable(self.expr, self.min, self.max)
+    bound.val = value
+    return bound
+  def unbind(self) -> tuple[Variable, int]:
+    assert self.val is not None, f"Variable {self.expr} is not bound"
+    return Variable(self.expr, self.min, self.max), self.val
   def substitute(self, mapping: Mapping[Variable, Node | int]) -> Node:
     value = mapping.get(self, self)
     return NumNode(value) if isinstance(value, int) else value
@@ -253,7 +265,14 @@ def create_ge_node(lhs: Node, b: Node | int) -> Node:
   """`lhs >= b` as a node, written -lhs < 1-b."""
   return create_lt_node(-lhs, -b + 1)
 
-sint = int | Node
+sint = int | Node  # a size: an int, or a Node of Variables (a symbolic dimension)
+
+def sym_max(value: sint) -> int: return value if isinstance(value, int) else value.max
+def sym_min(value: sint) -> int: return value if isinstance(value, int) else value.min
+def sym_int(value: sint) -> sint: return value.b if isinstance(value, NumNode) else value
+def bound_values(value: sint) -> dict[Variable, int]:
+  """The bound Variables in `value`, each with its value."""
+  return {} if isinstance(value, int) else {var: var.val for var in value.vars() if var.val is not None}
 
 def replace_subtree(node: Node, target: Node, replacement: Node) -> Node:
   """`node` with each occurrence of the subtree `target` replaced, rebuilt through the simplifying constructors."""
@@ -296,7 +315,7 @@ def _render_sum(node: SumNode, ops: Mapping[type, Callable[..., Any]], ctx: Any)
 
 # The default table renders C; ctx="DEBUG" also shows Variable bounds and gives the structural key used for equality.
 render_c: dict[type, Callable[..., Any]] = {
-  Variable: lambda node, ops, ctx: f"{node.expr}[{node.min}-{node.max}]" if ctx == "DEBUG" else node.expr,
+  Variable: lambda node, ops, ctx: f"{node.expr}[{node.min}-{node.max}{'' if node.val is None else f'={node.val}'}]" if ctx == "DEBUG" else node.expr,
   NumNode: lambda node, ops, ctx: str(node.b),
   MulNode: lambda node, ops, ctx: f"({node.a.render(ops, ctx)}*{sym_render(node.b, ops, ctx)})",
   DivNode: lambda node, ops, ctx: f"({node.a.render(ops, ctx)}{'//' if ctx == 'DEBUG' else '/'}{node.b})",
@@ -310,7 +329,7 @@ def _infer(value: Node | int, ops: Mapping[type, Callable[..., Any]], var_vals: 
   return value if isinstance(value, int) else value.render(ops, var_vals)
 
 _evaluate_ops: dict[type, Callable[..., int]] = {
-  Variable: lambda node, ops, var_vals: var_vals[node],
+  Variable: lambda node, ops, var_vals: var_vals[node] if node in var_vals else node.val,
   NumNode: lambda node, ops, var_vals: node.b,
   MulNode: lambda node, ops, var_vals: node.a.render(ops, var_vals) * _infer(node.b, ops, var_vals),
   DivNode: lambda node, ops, var_vals: node.a.render(ops, var_vals) // node.b,

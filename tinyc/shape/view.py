@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools, itertools, operator
 from dataclasses import dataclass, field
 from typing import Sequence
-from tinyc.helpers import prod
-from tinyc.shape.symbolic import Node, NumNode, create_ge_node, create_lt_node
+from tinyc.helpers import all_int, prod
+from tinyc.shape.symbolic import Node, NumNode, Variable, create_ge_node, create_lt_node, sym_min
 
 Mask = tuple[tuple[int, int], ...]
 
@@ -27,7 +27,9 @@ def unflatten(shape: tuple[int, ...], flat: int) -> list[int]:
 
 @dataclass(frozen=True)
 class View:
-  """Index i over `shape` reads buffer[offset + sum(i*strides)]; it is valid where begin <= i < end for each (begin, end) of `mask`."""
+  """Index i over `shape` reads buffer[offset + sum(i*strides)]; it is valid where begin <= i < end for each (begin, end) of `mask`.
+  A symbolic dimension is a Node of Variables (bound ones, in a LazyBuffer's views); strides and offset may then be Nodes too (typed
+  as ints: the arithmetic and comparisons the shape code does are those of ints, and Nodes answer them)."""
   shape: tuple[int, ...]
   strides: tuple[int, ...]
   offset: int
@@ -42,9 +44,10 @@ class View:
   @functools.lru_cache(maxsize=None)
   def create(shape: tuple[int, ...], strides: tuple[int, ...] | None = None, offset: int = 0, mask: Mask | None = None) -> View:
     """The canonical View: size-1 and single-valid-element dims get stride 0, a full mask is None, an empty one makes it all-invalid."""
-    assert all(isinstance(size, int) and size >= 0 for size in shape), f"shape must be nonnegative ints, got {shape}"
+    shape, offset = tuple(_plain(size) for size in shape), _plain(offset)
+    assert all(isinstance(size, (int, Node)) and sym_min(size) >= 0 for size in shape), f"shape must be nonnegative sizes, got {shape}"
     if 0 in shape: return View(shape, (0,) * len(shape), 0, None, True)
-    strides = strides_for_shape(shape) if strides is None else tuple(0 if size == 1 else stride for size, stride in zip(shape, strides))
+    strides = strides_for_shape(shape) if strides is None else tuple(0 if size == 1 else _plain(stride) for size, stride in zip(shape, strides))
     assert len(strides) == len(shape), f"strides {strides} don't match shape {shape}"
     if mask is not None:
       assert len(mask) == len(shape), f"mask {mask} doesn't match shape {shape}"
@@ -64,7 +67,7 @@ class View:
   def expr_idxs(self, idxs: Sequence[Node]) -> Node:
     """The buffer index for per-dim index nodes `idxs`."""
     assert len(idxs) == len(self.shape), f"{len(idxs)} index nodes for shape {self.shape}"
-    return Node.sum([NumNode(self.offset)] + [idx * stride for idx, stride, size in zip(idxs, self.strides, self.shape) if stride != 0 and size != 1])
+    return Node.sum([self.offset] + [idx * stride for idx, stride, size in zip(idxs, self.strides, self.shape) if stride != 0 and size != 1])
 
   def expr_valid(self, idxs: Sequence[Node]) -> Node:
     """1 where every idx lies inside the mask, else 0."""
@@ -85,7 +88,16 @@ class View:
     if self.shape == new_shape: return self
     if 0 in self.shape or self.contiguous: return View.create(new_shape)
     if self.all_invalid: return View.create(new_shape, mask=((0, 0),) * len(new_shape)) if new_shape else None
-    return _reshape(self, new_shape)
+    return _reshape(self, new_shape) if all_int(self.shape + new_shape) else _reshape_symbolic(self, new_shape)
+
+  def vars(self) -> set[Variable]:
+    values = self.shape + self.strides + (self.offset,) + sum(self.mask or (), ())
+    return set().union(*[value.vars() for value in values if isinstance(value, Node)])  # type: ignore[attr-defined]
+  def substitute(self, mapping: dict[Variable, Node | int]) -> View:
+    """This view with Variables replaced (bound ones by unbound ones, or by their values)."""
+    def sub(value: int) -> int: return _plain(value.substitute(mapping)) if isinstance(value, Node) else value  # type: ignore[arg-type]
+    mask = None if self.mask is None else tuple((sub(begin), sub(end)) for begin, end in self.mask)
+    return View(tuple(map(sub, self.shape)), tuple(map(sub, self.strides)), sub(self.offset), mask, self.contiguous)
 
   def permute(self, order: tuple[int, ...]) -> View:
     assert sorted(order) == list(range(len(self.shape))), f"invalid permutation {order} of shape {self.shape}"
@@ -159,6 +171,32 @@ def _reshape(view: View, new_shape: tuple[int, ...]) -> View | None:
     for axis, (axis_stride, axis_mask) in zip(new_block, split): new_strides[axis], new_mask[axis] = axis_stride, axis_mask
   return View.create(new_shape, tuple(new_strides), offset, tuple(new_mask))
 
+def _plain(value: int) -> int:
+  """A size, stride or offset as the shape code keeps it: an int, or a Node only where it is symbolic (typed int, as Nodes do int math)."""
+  return value.b if isinstance(value, NumNode) else value
+
+def _reshape_symbolic(view: View, new_shape: tuple[int, ...]) -> View | None:
+  """A reshape that keeps every symbolic dim a dim of its own: the concrete dims between two of them are reshaped as a view of their
+  own (by the rules above), the symbolic dims keep their stride and mask. None where the symbolic dims do not match up."""
+  def symbolic(shape: tuple[int, ...]) -> list[int]: return [axis for axis, size in enumerate(shape) if not isinstance(size, int)]
+  def runs(shape: tuple[int, ...]) -> list[list[int]]:  # the dims of each concrete run, split at the symbolic dims
+    bounds = [-1] + symbolic(shape) + [len(shape)]
+    return [list(range(start + 1, end)) for start, end in zip(bounds, bounds[1:])]
+  old_runs, new_runs = runs(view.shape), runs(new_shape)
+  if [view.shape[a] for a in symbolic(view.shape)] != [new_shape[a] for a in symbolic(new_shape)]: return None
+  mask = view.mask if view.mask is not None else tuple((0, size) for size in view.shape)
+  strides, new_mask, offset = [view.strides[0]] * len(new_shape), [mask[0]] * len(new_shape), view.offset
+  for old_axis, new_axis in zip(symbolic(view.shape), symbolic(new_shape)):
+    strides[new_axis], new_mask[new_axis] = view.strides[old_axis], mask[old_axis]
+  for old, new in zip(old_runs, new_runs):
+    if prod(view.shape[a] for a in old) != prod(new_shape[a] for a in new): return None
+    part = View.create(tuple(view.shape[a] for a in old), tuple(view.strides[a] for a in old), 0, tuple(mask[a] for a in old))
+    if (reshaped := part.reshape(tuple(new_shape[a] for a in new))) is None: return None
+    offset += reshaped.offset
+    for axis, stride, axis_mask in zip(new, reshaped.strides, reshaped.mask or tuple((0, new_shape[a]) for a in new)):
+      strides[axis], new_mask[axis] = stride, axis_mask
+  return View.create(new_shape, tuple(strides), offset, tuple(new_mask))
+
 def _merge_run(dims: list[tuple[int, int, tuple[int, int]]]) -> tuple[int, int, int, int] | None:
   """Merge (size, stride, mask) dims, major first, into one: (stride, offset change, valid begin, valid end), if it is one run."""
   # The valid box is an interval of the merged dim iff: dims after some k are fully valid, and dims before k have one valid element.
@@ -187,10 +225,23 @@ def _split_run(stride: int, begin: int, end: int, sizes: list[int]) -> list[tupl
     result.append((stride * after, mask))
   return result
 
+def _merge_symbolic(base: View, top: View) -> View | None:
+  """The rules below are for ints; with symbolic sizes, a top view whose every moving dim walks one dim of base's (the same size, its
+  row-major stride) merges, as a reshape, permute or expand of base's shape does. Else None."""
+  if base.mask is not None or top.mask is not None or top.offset != 0: return None
+  row_strides, strides, used = strides_for_shape(base.shape), [], set()
+  for size, stride in zip(top.shape, top.strides):
+    matches = [axis for axis, row in enumerate(row_strides) if stride != 0 and row == stride and base.shape[axis] == size and axis not in used]
+    if stride != 0 and not matches: return None
+    used.update(matches[:1])
+    strides.append(base.strides[matches[0]] if matches else 0)
+  return View.create(top.shape, tuple(strides), base.offset)
+
 def _merge_views(base: View, top: View) -> View | None:
   if base.contiguous: return top
   if top.contiguous and top.shape == base.shape: return base
   if top.contiguous and top.size == base.size: return base.reshape(top.shape)
+  if not all_int(base.shape + base.strides + top.shape + top.strides + (base.offset, top.offset)): return _merge_symbolic(base, top)
   if base.all_invalid or top.all_invalid or 0 in top.shape: return View.create(top.shape, mask=((0, 0),) * len(top.shape)) if top.shape else None
   if top.mask is not None:  # merge the valid window, then pad back out to the mask
     merged = base + top.shrink(top.mask)
