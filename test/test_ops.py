@@ -94,6 +94,13 @@ def test_negative_zero_constant_is_not_taken_for_zero():
     np.testing.assert_equal((1 / (x * zero)).numpy(), (1 / (tx * zero)).numpy())
     np.testing.assert_equal(Tensor.full((2,), zero).reciprocal().numpy(), torch.full((2,), zero).reciprocal().numpy())
 
+def test_adding_zero_turns_negative_zero_positive():
+  """-0.0 + 0.0 is 0.0, so x + 0.0 is not x; x + -0.0 is."""
+  x, tx = Tensor([-1.0, 1.0]), torch.tensor([-1.0, 1.0])
+  for zero in [0.0, -0.0]:
+    np.testing.assert_equal((1 / (x * 0.0 + zero)).numpy(), (1 / (tx * 0.0 + zero)).numpy())
+    np.testing.assert_equal((1 / (zero + x * 0.0)).numpy(), (1 / (zero + tx * 0.0)).numpy())
+
 def test_rsqrt_zero():
   np.testing.assert_equal(Tensor([0.0, 4.0]).rsqrt().numpy(), [math.inf, 0.5])
 

@@ -5,7 +5,7 @@ Equal pure UOps are made once (common-subexpression elimination) and constant op
 A UOp made inside a loop is only reused inside that loop, so every renderer can scope variables by loop.
 """
 from __future__ import annotations
-import functools, itertools
+import functools, itertools, math
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, cast
 from tinyc.dtype import DType, dtypes
@@ -87,9 +87,9 @@ class Linearizer:
   def alu(self, op: Op, dtype: DType, *src: UOp) -> UOp:
     if all(s.op is UOps.CONST for s in src) and op in PYTHON_ALU and not (op is BinaryOps.MOD and dtypes.is_float(dtype) and src[-1].arg == 0):
       return self.const(PYTHON_ALU[op](*[s.arg for s in src]), dtype)
-    if op in IDENTITY:  # x + 0 and x * 1 are x
-      if _is_const(src[1], IDENTITY[op]): return src[0]
-      if _is_const(src[0], IDENTITY[op]): return src[1]
+    if op in IDENTITY:  # x * 1 and x + 0 are x (for floats x + -0.0 only: -0.0 + 0.0 is 0.0)
+      if _is_identity(cast(BinaryOps, op), src[1], dtype): return src[0]
+      if _is_identity(cast(BinaryOps, op), src[0], dtype): return src[1]
     if op is BinaryOps.MUL and dtypes.is_int(dtype) and any(_is_const(value, 0) for value in src): return self.const(0, dtype)
     if op is TernaryOps.WHERE and src[0].op is UOps.CONST: return src[1] if src[0].arg else src[2]
     if op in (BinaryOps.IDIV, BinaryOps.MOD) and not dtypes.is_float(dtype) and _is_const(src[1], 0): return self.const(0, dtype)  # see uops.py
@@ -436,6 +436,8 @@ class Linearizer:
     self.uop(UOps.STORE, None, (acc, self.alu(REDUCE_TO_ALU[op], cast(DType, acc.dtype), current, value)), pure=False)
 
 def _is_const(uop: UOp, value: Any) -> bool: return uop.op is UOps.CONST and uop.arg == value
+def _is_identity(op: BinaryOps, uop: UOp, dtype: DType) -> bool:
+  return _is_const(uop, IDENTITY[op]) and (op is not BinaryOps.ADD or not dtypes.is_float(dtype) or math.copysign(1.0, uop.arg) < 0)
 def _neighbours(addresses: list[Address], lanes: list[int], aligned: bool) -> bool:
   """Whether these lanes' addresses are valid and neighbouring, in order (and, if `aligned`, from a multiple of their number)."""
   start = addresses[lanes[0]][0]

@@ -16,9 +16,10 @@ from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
 from tinyc.codegen.uops import UOp, UOps
 from tinyc.codegen.cpu_split import outer_split, outermost_global_loop
 
-# reassociation lets LLVM vectorize reductions; no nnan/ninf (inf and NaN keep their meaning), and no arcp/afn: those let
-# LLVM turn 1/sqrt(x) into an approximation that gives nan at 0
-FAST_MATH = ("reassoc", "contract", "nsz")
+# reassociation lets LLVM vectorize reductions; no nnan/ninf (inf and NaN keep their meaning), no nsz (x + 0.0 is not x where x is
+# -0.0; matmul, sum and softmax ran as fast without it), and no arcp/afn: those let LLVM turn 1/sqrt(x) into an approximation that
+# gives nan at 0
+FAST_MATH = ("reassoc", "contract")
 
 def register_type(dtype: DType) -> ir.Type:
   """The LLVM type a value of `dtype` has in registers."""
