@@ -122,6 +122,14 @@ def test_reduce_read_through_an_expand_by_another_shape_is_materialized():
   assert kernels_for(out) == 2
   np.testing.assert_allclose(out.numpy(), a.T * a.sum(1), rtol=1e-5, atol=1e-5)
 
+def test_a_transcendental_value_a_matmul_reads_is_stored_even_with_one_reader():
+  """Rule 2: exp in a matmul's operand would run once per output column; a cheap op (x * 2) is still computed in the matmul."""
+  (x, w), (tx, tw) = realized_inputs((16, 32), (32, 24))
+  assert kernels_for(tx.exp() @ tw) == 2 and kernels_for((tx * 2) @ tw) == 1
+  np.testing.assert_allclose((tx.exp() @ tw).numpy(), np.exp(x) @ w, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(tx.exp().sum(1).numpy(), np.exp(x).sum(1), rtol=1e-4)  # read by a reduce along its own axes: one kernel
+  assert kernels_for(tx.exp().sum(1)) == 1
+
 def test_reduce_of_a_reduce_is_two_kernels():
   (a,), (ta,) = realized_inputs((8, 16))
   out = ta.sum(1).sum(0)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from enum import Enum, auto
 from typing import NamedTuple
 from tinyc.helpers import prod
-from tinyc.ops import ElementwiseOps, LoadOps, ReduceOps, UNSAFE_PAD_OPS
+from tinyc.ops import ElementwiseOps, LoadOps, ReduceOps, UnaryOps, UNSAFE_PAD_OPS
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.lazy import LazyBuffer
+
+TRANSCENDENTAL = (UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT)
 
 class Fusion(Enum):
   """What a kernel does with a base it reaches."""
@@ -55,9 +57,13 @@ def decide(base: LazyBuffer, site: Site, consumers: int, realize: bool, stored: 
     return how
   if base.op in UNSAFE_PAD_OPS and _has_mask(site.st):
     return Decision(Fusion.REALIZE, f"rule 4: it is seen through a pad and f(0) != 0 for {base.op.name}")
-  if site.enclosing is not None and consumers > 1 and prod(base.shape) > 1 and _expanded_outside(site.st, site.enclosing):
-    return Decision(Fusion.REALIZE, "rule 2: several kernels read it and a reduce reads it through an expand along an output axis, which "
-                                    "would recompute it once per output element (a single value is recomputed)")
+  if site.enclosing is not None and prod(base.shape) > 1 and _expanded_outside(site.st, site.enclosing):
+    if consumers > 1:
+      return Decision(Fusion.REALIZE, "rule 2: several kernels read it and a reduce reads it through an expand along an output axis, "
+                                      "which would recompute it once per output element (a single value is recomputed)")
+    if _transcendental(base):
+      return Decision(Fusion.REALIZE, "rule 2: a reduce reads it through an expand along an output axis, and it computes exp, log, sin or "
+                                      "sqrt: once per output element that costs more than the reduce (gelu before a projection)")
   if isinstance(base.op, ReduceOps): return _reduce(base, Fusion.REDUCE, "")
   assert isinstance(base.op, ElementwiseOps), f"cannot inline {base.op} into a kernel"
   return Decision(Fusion.INLINE, "rule 1: an elementwise op fuses into its reader" + (", and rule 2: recomputed rather than stored"
@@ -166,6 +172,17 @@ def _is_expand_of(shape: tuple[int, ...], st: ShapeTracker) -> bool:
 
 def _is_plain_reshape(st: ShapeTracker) -> bool: return len(st.views) == 1 and st.views[0].contiguous
 def _has_mask(st: ShapeTracker) -> bool: return any(view.mask is not None for view in st.views)
+
+def _transcendental(base: LazyBuffer, limit: int = 64) -> bool:
+  """Whether computing `base` where it is read evaluates exp, log, sin or sqrt: an op of its elementwise chain, up to values stored or
+  reduced (and no further than `limit` ops)."""
+  stack, seen = [base], set[LazyBuffer]()
+  while stack and len(seen) < limit:
+    if (node := stack.pop()) in seen or node.realized is not None or not isinstance(node.op, ElementwiseOps): continue
+    if node.op in TRANSCENDENTAL: return True
+    seen.add(node)
+    stack.extend(src.base for src in node.srcs)
+  return False
 
 def _expanded_outside(st: ShapeTracker, axes: tuple[int, ...]) -> bool:
   """Whether `st` repeats values along an axis not in `axes` (an output axis of the reduce reading through it). A value repeated only
