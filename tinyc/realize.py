@@ -1,5 +1,5 @@
 """Layer 5: runs a schedule: allocates each output, performs load ops, and launches each kernel's compiled program.
-Imports helpers, dtype, ops, device, beam, lazy, schedule, index_check.
+Imports helpers, dtype, ops, codegen/kernel, device, beam, lazy, schedule, index_check.
 
 Threads may share a lazy graph (a model whose weights are still lazy, used by several threads): each base is computed by one of
 them. Scheduling and publishing a result (`realized` set, the graph under it dropped) happen under one lock, so a schedule never
@@ -11,6 +11,7 @@ import threading
 from typing import Callable
 from tinyc.helpers import BEAM, DEBUG, GlobalCounters, ThreadRecorder, prod
 from tinyc.ops import LazyOp, LoadOps, ScheduleItem
+from tinyc.codegen.kernel import Opt
 from tinyc.device import Buffer, Device, Program, copy_buffer
 from tinyc.beam import beam_opts
 from tinyc.lazy import LazyBuffer
@@ -23,6 +24,7 @@ _graph_lock = threading.Lock()
 _computing: dict[LazyBuffer, threading.Lock] = {}  # base -> a lock its computing thread holds until the result is published
 
 def run_schedule(schedule: list[ScheduleItem]) -> None:
+  _build_all(schedule)
   for item in schedule:
     if (busy := _claim(item.outs)) is None: continue  # another thread computed them
     if busy is STALE:  # another thread computed some of them in a kernel of its own: compute the rest anew, reading those
@@ -65,10 +67,20 @@ def _output_buffer(out: LazyBuffer) -> Buffer:
   assert (buffer := out.srcs[1].realized) is not None, f"assign into {out.srcs[1]}, which has no buffer"
   return buffer
 
-def program_for(ast: LazyOp, device_name: str) -> Program:
-  """The kernel's program: with BEAM=n the Opts a search on the device chose (cached), else the hand-coded heuristic's."""
+def program_for(ast: LazyOp, device_name: str) -> Program: return Device[device_name].get_program(ast, _opts(ast, device_name))
+
+def _opts(ast: LazyOp, device_name: str) -> tuple[Opt, ...] | None:
+  """With BEAM=n the Opts a search on the device chose (cached), else None: the hand-coded heuristic's."""
   device = Device[device_name]
-  return device.get_program(ast, beam_opts(device, ast) if BEAM >= 1 and device.compile_binary is not None else None)
+  return beam_opts(device, ast) if BEAM >= 1 and device.compile_binary is not None else None
+
+def _build_all(schedule: list[ScheduleItem]) -> None:
+  """Build the schedule's new kernels at once, each device's in worker processes, before the first runs (Compiled.build_all)."""
+  kernels: dict[str, list[tuple[LazyOp, tuple[Opt, ...] | None]]] = {}
+  for item in schedule:
+    if item.ast.op in (LoadOps.COPY, LoadOps.EMPTY): continue
+    kernels.setdefault(device := item.outs[0].device, []).append((item.ast, _opts(item.ast, device)))
+  for device_name, asts in kernels.items(): Device[device_name].build_all(asts)
 
 def _run(step: Callable[[list[Buffer]], None], buffers: list[Buffer | None]) -> None:
   assert all(buf is not None for buf in buffers), f"{step} reads an unrealized input"
