@@ -201,8 +201,9 @@ class Compiled:
   def _cached(self, key: str) -> Built | None:
     """The program built under `key` by this or an earlier process, from the disk cache (a row this version cannot read is a miss)."""
     if self.compile_binary is None or not (rows := cache_execute("SELECT program, binary FROM programs WHERE key = ?", (key,))): return None
-    try: built = Built(**{field: tuple(value) if isinstance(value, list) else value for field, value in json.loads(rows[0][0]).items()},
-                       binary=rows[0][1])
+    try:
+      fields: dict[str, Any] = {field: tuple(value) if isinstance(value, list) else value for field, value in json.loads(rows[0][0]).items()}
+      built = Built(**fields, binary=rows[0][1])
     except (ValueError, TypeError, AttributeError): return None
     self.builds["from disk"] += 1
     return built
