@@ -20,20 +20,10 @@ def batch() -> tuple[np.ndarray, np.ndarray]:
 def tinyc_first_steps(layers: int) -> dict[str, object]:
   sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
   from gpt import GPT  # noqa: E402 (examples/ is not a package)
+  from bench_train import jitted_step  # the GPT row's step: AdamW, TinyJit
   from tinyc import Device, GlobalCounters, Tensor
-  from tinyc.jit import TinyJit
-  from tinyc.nn.optim import AdamW
-  from tinyc.nn.state import get_parameters
   Tensor.manual_seed(0)
-  model = GPT(VOCAB, CONTEXT, WIDTH, layers, HEADS)
-  optimizer = AdamW(get_parameters(model), lr=1e-3)
-  @TinyJit
-  def step(x: Tensor, y: Tensor) -> Tensor:
-    optimizer.zero_grad()
-    loss = model(x).sparse_categorical_crossentropy(y)
-    loss.backward()
-    optimizer.step()
-    return loss
+  step = jitted_step(GPT(VOCAB, CONTEXT, WIDTH, layers, HEADS))
   ids, labels = batch()
   started = time.perf_counter()
   for _ in range(3): step(Tensor(ids), Tensor(labels)).numpy()

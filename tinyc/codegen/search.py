@@ -224,6 +224,7 @@ def _connect(path: Path) -> sqlite3.Connection:
   made = _made_by_tinyc(path)
   connection = sqlite3.connect(path, timeout=30, isolation_level=None)  # autocommit: one statement is one transaction
   try:
+    connection.execute("PRAGMA synchronous = NORMAL")  # in WAL mode no fsync at each commit: a power cut may lose the last rows, never the file
     if not made:  # new (or adopted): mark it, make the tables and switch to WAL, racing safely with another process doing the same
       connection.execute("BEGIN IMMEDIATE")
       connection.execute(f"PRAGMA application_id = {APPLICATION_ID}")
@@ -238,8 +239,33 @@ def _connect(path: Path) -> sqlite3.Connection:
     raise
   return connection
 
+# each thread keeps its connection open: closing the last one checkpoints the WAL into the file, 12 ms a statement. It is opened
+# anew for another path, process (a connection must not cross a fork: the child leaves the inherited one alone) or file, and when
+# the file changed under it (a checkpoint, or something else writing it)
+_held = threading.local()
+_inherited: list[threading.local] = []
+
 def _run(path: Path, statement: str, parameters: tuple[str | bytes, ...]) -> list[Any]:
-  with contextlib.closing(_connect(path)) as connection: return connection.execute(statement, parameters).fetchall()
+  _made_by_tinyc(path)  # refuses a file tinyc did not make, every time
+  if getattr(_held, "identity", None) != _identity(path):
+    _forget()
+    _held.connection = _connect(path)
+    _held.identity = _identity(path)
+  return _held.connection.execute(statement, parameters).fetchall()
+
+def _identity(path: Path) -> tuple[Any, ...]:
+  stat = path.stat() if path.exists() else None
+  return (path, os.getpid()) + ((stat.st_ino, stat.st_mtime_ns, stat.st_size) if stat else ())
+
+def _forget() -> None:
+  if getattr(_held, "connection", None) is not None: _held.connection.close()
+  _held.identity = _held.connection = None
+
+def _keep_inherited() -> None:
+  global _held
+  _inherited.append(_held)
+  _held = threading.local()
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_keep_inherited)
 
 def cache_execute(statement: str, parameters: tuple[str | bytes, ...]) -> list[Any]:
   """The rows of one statement run on the cache in its own transaction (the cache made where absent, rebuilt where damaged); none
@@ -247,8 +273,11 @@ def cache_execute(statement: str, parameters: tuple[str | bytes, ...]) -> list[A
   path = cache_path()
   try:
     try: return _run(path, statement, parameters)
-    except sqlite3.OperationalError: raise  # cannot open or write (or locked past the timeout): not damage
+    except sqlite3.OperationalError:  # cannot open or write (or locked past the timeout): not damage
+      _forget()
+      raise
     except sqlite3.DatabaseError as error:  # the header says tinyc made it, its contents are damaged
+      _forget()
       _checked.discard(path)
       print(f"tinyc: the cache {path} is damaged ({error}); starting a new one", file=sys.stderr)
       for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")): leftover.unlink(missing_ok=True)
