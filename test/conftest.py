@@ -15,7 +15,7 @@ from tinyc.device import Compiled, Device
 EVERY_DEVICE = {"test_ops", "test_dtype", "test_tensor", "test_indexing", "test_schedule", "test_runtime", "test_jit", "test_graph_fuzz",
                 "test_opt_fuzz", "test_search", "test_kernel_opts", "test_stage", "test_index_checks",
                 "test_threads", "test_empty", "test_kernel_model", "test_tensor_cores", "test_matmul_grid", "test_schedule_reuse", "test_profiler",
-                "test_symbolic_shapes"}
+                "test_symbolic_shapes", "test_compile_cache"}
 SELECTORS = ("CUDA", "GPU", "LLVM", "DEVICE")
 
 def devices_to_test() -> list[str]:
@@ -28,6 +28,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture
 def tinyc_device(request: pytest.FixtureRequest) -> str | None: return getattr(request, "param", None)
+
+@pytest.fixture(autouse=True, scope="session")
+def _cache_dir_of_the_session(tmp_path_factory: pytest.TempPathFactory):
+  """Programs and BEAM results are cached in a directory of this session, never in the user's (CACHE_DIR, CACHEDB)."""
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("CACHE_DIR", str(tmp_path_factory.mktemp("tinyc_cache")))
+    patch.delenv("CACHEDB", raising=False)
+    yield
 
 @pytest.fixture(autouse=True)
 def _on_device(tinyc_device: str | None, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -144,20 +144,6 @@ def test_a_cache_location_that_cannot_be_written_warns_once_and_searches_without
   warnings = [line for line in capsys.readouterr().err.splitlines() if str(path) in line]
   assert len(warnings) == 1 and "CACHEDB" in warnings[0], warnings
 
-def test_the_cubin_cache_warns_once_where_it_cannot_write(tmp_path, monkeypatch, capsys):
-  from tinyc.runtime import nvrtc
-  monkeypatch.setattr(nvrtc, "compile_cuda", lambda name, source, arch, output: f"cubin of {source}".encode())
-  monkeypatch.setattr(nvrtc, "nvrtc_version", lambda: (13, 0))
-  monkeypatch.setenv("CACHE_DIR", str(tmp_path / "a_file"))
-  (tmp_path / "a_file").write_text("x")
-  assert [nvrtc.cached_cubin("k", source, "sm_90") for source in ("a", "b")] == [b"cubin of a", b"cubin of b"]
-  warnings = [line for line in capsys.readouterr().err.splitlines() if str(tmp_path / "a_file") in line]
-  assert len(warnings) == 1 and "CACHE_DIR" in warnings[0], warnings
-  monkeypatch.setenv("CACHE_DIR", str(tmp_path / "writable"))
-  assert nvrtc.cached_cubin("k", "a", "sm_90") == b"cubin of a" and len(list((tmp_path / "writable" / "cuda").iterdir())) == 1
-  monkeypatch.setattr(nvrtc, "compile_cuda", lambda *args: pytest.fail("a cached cubin was compiled again"))
-  assert nvrtc.cached_cubin("k", "a", "sm_90") == b"cubin of a"
-
 SEARCHER = """
 import sys, time
 import numpy as np

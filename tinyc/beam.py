@@ -2,15 +2,15 @@
 against the unoptimized kernel and caches it. Imports helpers, dtype, ops, codegen/, device.
 
 codegen/search.py owns the search, its workers and its cache; this module gives it the two device-specific functions it needs:
-`build_candidate` (run in a worker: render + compile to a binary, no device needed) and a `measure` closure (run here: load the
+device.py's `build` (run in a worker: lower, render and compile to a binary, no device needed) and a `measure` closure (run here: load the
 binary, launch it on the device, take the fastest of a few runs).
 
 One search runs at a time in a process: searches from several threads would share the worker pool (whose pipes carry one job
 at a time) and time their candidates against each other's kernels. A thread that needs a kernel another is searching waits for it.
 """
 from __future__ import annotations
-import hashlib, math, sys, threading, time
-from typing import Any, Callable
+import math, sys, threading, time
+from typing import Any
 import numpy as np
 from tinyc.dtype import dtypes
 from tinyc.helpers import ALLOW_TF32, BEAM, DEBUG, getenv, prod
@@ -18,22 +18,10 @@ from tinyc import profiler
 from tinyc.ops import LazyOp, MemBuffer, output_count
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.kernel import Kernel, KernelOptError, KernelTarget, Opt
-from tinyc.codegen.search import ast_text, beam_search, cache_get, cache_key, cache_put
-from tinyc.device import Buffer, Compiled, Program, lower
+from tinyc.codegen.search import beam_search, cache_get, cache_key, cache_put
+from tinyc.device import Buffer, Built, Compiled, Program, build, codegen_settings
 
 TIMING_GROUPS = 2048  # a compute-bound GPU candidate is timed on at most this many work-groups (several waves on an H200), the time scaled up
-
-Built = tuple[str, str, bytes, Any, Any, int, int]  # name, source, binary, global size, local size, flops, bytes moved
-
-def build_candidate(ast: LazyOp, opts: tuple[Opt, ...], target: KernelTarget, threads: bool, max_local: int,
-                    render: Callable[[str, list], str], compile_binary: Callable[[str, str], bytes]) -> Built:
-  """Runs in a BEAM worker process. Each candidate gets a name of its own: a CPU backend loads them all into one address space."""
-  kernel = Kernel(ast, target)
-  for opt in opts: kernel.apply_opt(opt)
-  lowered = lower(kernel, threads, max_local)
-  name = f"{kernel.name}_{hashlib.sha256(f'{ast_text(ast)}{opts}'.encode()).hexdigest()[:10]}"
-  source = render(name, lowered.uops)
-  return name, source, compile_binary(name, source), lowered.global_size, lowered.local_size, lowered.flops, lowered.mem_bytes
 
 _chosen: dict[tuple[str, LazyOp, bool], tuple[Opt, ...]] = {}
 _searching = threading.Lock()
@@ -67,18 +55,20 @@ def search(device: Compiled, ast: LazyOp) -> tuple[tuple[Opt, ...], bool]:
   buffers = _random_buffers(device.name, kernel, outputs := output_count(ast))
   times: dict[tuple[Opt, ...], float] = {}
   def measure(opts: tuple[Opt, ...], built: Built) -> float:
-    name, source, binary, global_size, local_size, flops, mem_bytes = built
     assert device.load is not None, f"{device.name} cannot load binaries, so it cannot search"
     try:
-      program = Program(name, device.name, device.load(name, source, binary), flops, mem_bytes, global_size, local_size)
+      program = Program(built.name, device.name, device.load(built.name, built.source, built.binary), built.flops, built.mem_bytes,
+                        built.global_size, built.local_size)
       times[opts] = seconds = time_program(program, buffers, device.threads, min(times.values(), default=math.inf))
     except (RuntimeError, OSError, ValueError) as error:  # a launch the device refuses (too many registers for the work-group...)
-      if DEBUG >= 3: print(f"BEAM: {name} failed to run: {error}", file=sys.stderr)
+      if DEBUG >= 3: print(f"BEAM: {built.name} failed to run: {error}", file=sys.stderr)
       return math.inf
     return seconds
   started = time.perf_counter()
-  arguments = lambda opts: (ast, opts, device.target, device.threads, device.max_local, device.render, device.compile_binary)  # noqa: E731
-  best = beam_search(kernel, BEAM.value, build_candidate, arguments, measure, starts=((), hand_coded), name=kernel.name)
+  settings = codegen_settings()
+  arguments = lambda opts: (ast, opts, device.target, device.threads, device.max_local, device.render, device.compile_binary,  # noqa: E731
+                            settings, device.program_key(ast, opts))
+  best = beam_search(kernel, BEAM.value, build, arguments, measure, starts=((), hand_coded), name=kernel.name)
   verified = not getenv("BEAM_VERIFY", 1) or outputs_match(device, ast, best, buffers, outputs)
   if DEBUG >= 2 or not verified:
     print(f"BEAM {kernel.name}: {list(best)} {times.get(best, math.nan) * 1e6:.2f} us against the hand-coded "

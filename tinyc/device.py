@@ -1,15 +1,20 @@
 """Layer 4: devices. Buffer (memory on a device), the caching allocator, Compiled (a backend assembled from an allocator, a
 renderer, a compiler and a program runner) and the Device registry. Imports helpers, dtype, ops, codegen/; backends live in
 runtime/ops_<name>.py and are loaded by name when first asked for.
+
+A program is built (lowered, rendered, compiled to a binary) once per machine: the result is kept on disk (codegen/search.py's
+cache, table `programs`) under a key of everything that changes it, and a schedule's new kernels build at once in the worker
+processes BEAM uses (`Compiled.build_all`), since lowering is Python and compilers take 10-100 ms a kernel.
 """
 from __future__ import annotations
-import importlib, threading, time
-from collections import defaultdict
+import functools, hashlib, importlib, json, threading, time
+from collections import Counter, defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, NamedTuple
 import numpy as np
 from tinyc.dtype import DType, dtypes
-from tinyc.helpers import ALLOW_TF32, DEBUG, GlobalCounters, colored, getenv, rates
+from tinyc.helpers import ALLOW_TF32, DEBUG, NOOPT, PARALLEL_BUILD, Context, GlobalCounters, colored, getenv, rates
 from tinyc import profiler
 from tinyc.ops import LazyOp, MemBuffer
 from tinyc.shape.symbolic import Variable, sym_infer
@@ -18,6 +23,7 @@ from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.linearizer import Linearizer
 from tinyc.codegen.uops import ThreadKind, UOps, UOp, executed, mma_flops_per_thread
 from tinyc.codegen.cpu_split import outer_split
+from tinyc.codegen.search import ast_text, cache_execute, compile_pool
 
 class Allocator:
   """Device memory with a free list: a freed block is kept and handed out again for the next request of the same size. The free
@@ -155,8 +161,9 @@ class Compiled:
     # with the replay's input buffers
     self.graph = graph
     self.programs: dict[tuple[LazyOp, tuple[Opt, ...] | None, bool], Program] = {}
-    self._names: dict[str, int] = defaultdict(int)
-    # threads: one lock guards the names and the table of programs being compiled; each program compiles under a lock of its own,
+    self._built: dict[str, Built] = {}  # program key -> built by build_all or found on disk, for get_program to load
+    self.builds: Counter[str] = Counter()  # programs "built" (lowered and compiled; of them "in workers") and found "from disk"
+    # threads: one lock guards the table of programs being compiled; each program compiles under a lock of its own,
     # so a thread wanting a program another is compiling waits for it, different programs compile at once, launches never wait
     self._lock = threading.Lock()
     self._compiling: dict[tuple[LazyOp, tuple[Opt, ...] | None, bool], threading.Lock] = {}
@@ -169,31 +176,96 @@ class Compiled:
     with self._lock: compiling = self._compiling.setdefault(key, threading.Lock())
     try:
       with compiling:
-        if (program := self.programs.get(key)) is None: self.programs[key] = program = self._build_program(ast, opts)
+        if (program := self.programs.get(key)) is None: self.programs[key] = program = self._program(ast, opts)
     finally:
       with self._lock: self._compiling.pop(key, None)
     return program
 
-  def _build_program(self, ast: LazyOp, opts: tuple[Opt, ...] | None) -> Program:
-    began = time.perf_counter()
-    kernel = Kernel(ast, self.target)
+  def build_all(self, kernels: list[tuple[LazyOp, tuple[Opt, ...] | None]]) -> None:
+    """Build the kernels that are neither loaded nor on disk at once in worker processes (where there are PARALLEL_BUILD or more
+    of them), for get_program to load. A build that fails there is left to get_program, which raises its error."""
+    wanted: dict[str, tuple[Any, ...]] = {}
+    for ast, opts in kernels:
+      if (ast, opts, bool(ALLOW_TF32)) in self.programs or (key := self.program_key(ast, opts)) in self._built or key in wanted: continue
+      if (cached := self._cached(key)) is not None: self._built[key] = cached
+      else: wanted[key] = self._build_arguments(ast, opts, key)
+    if self.compile_binary is None or not PARALLEL_BUILD or len(wanted) < PARALLEL_BUILD.value: return
+    for key, built in zip(wanted, compile_pool().map(build, list(wanted.values()))):
+      if built is not None:
+        self._built[key] = self._store(key, built)
+        self.builds["in workers"] += 1
+
+  def program_key(self, ast: LazyOp, opts: tuple[Opt, ...] | None) -> str:
+    """The disk cache's key of a program: the kernel, its Opts, the device and compiler, the settings that change code, tinyc's code."""
+    parts = (ast_text(ast), opts, self.name, self.arch, self.language, self.target, self.threads, self.max_local, codegen_settings(), code_version())
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+  def _program(self, ast: LazyOp, opts: tuple[Opt, ...] | None) -> Program:
+    key = self.program_key(ast, opts)
+    if (built := self._built.pop(key, None) or self._cached(key)) is None:
+      began = time.perf_counter()
+      built = self._store(key, build(*self._build_arguments(ast, opts, key)))
+      if profiler.enabled(): profiler.record(f"compile {built.name}", "compile", began, time.perf_counter() - began)
+    if DEBUG >= 4: print(built.source)
+    run = self.load(built.name, built.source, built.binary) if self.load is not None and built.binary else self.compile(built.name, built.source)
+    return Program(built.name, self.name, run, built.flops, built.mem_bytes, built.global_size, built.local_size, built.vars)
+
+  def _build_arguments(self, ast: LazyOp, opts: tuple[Opt, ...] | None, key: str) -> tuple[Any, ...]:
+    return (ast, opts, self.target, self.threads, self.max_local, self.render, self.compile_binary, codegen_settings(), key)
+
+  def _cached(self, key: str) -> Built | None:
+    """The program built under `key` by this or an earlier process, from the disk cache (a row this version cannot read is a miss)."""
+    if self.compile_binary is None or not (rows := cache_execute("SELECT program, binary FROM programs WHERE key = ?", (key,))): return None
+    try:
+      fields: dict[str, Any] = {field: tuple(value) if isinstance(value, list) else value for field, value in json.loads(rows[0][0]).items()}
+      built = Built(**fields, binary=rows[0][1])
+    except (ValueError, TypeError, AttributeError): return None
+    self.builds["from disk"] += 1
+    return built
+
+  def _store(self, key: str, built: Built) -> Built:
+    self.builds["built"] += 1
+    if built.binary and not built.vars: cache_execute("INSERT OR REPLACE INTO programs (key, program, binary) VALUES (?, ?, ?)",
+                                   (key, json.dumps(dict(zip(Built._fields[:-1], built[:-1]))), built.binary))
+    return built
+
+CODEGEN_SETTINGS = (ALLOW_TF32, NOOPT)  # the settings that change what a kernel compiles to: part of the program key, and set in build workers
+def codegen_settings() -> dict[str, Any]: return {setting.key: setting.value for setting in CODEGEN_SETTINGS}
+
+@functools.cache
+def code_version() -> str:
+  """A hash of tinyc's source files: a program built by other code is built again."""
+  return hashlib.sha256(b"".join(path.read_bytes() for path in sorted(Path(__file__).parent.rglob("*.py")))).hexdigest()
+
+class Built(NamedTuple):
+  """A kernel lowered, rendered and compiled: what a build worker returns and the disk cache keeps (the binary apart from the JSON)."""
+  name: str
+  source: str
+  global_size: tuple[int, int, int] | None
+  local_size: tuple[int, int, int] | None
+  flops: int
+  mem_bytes: int
+  vars: tuple[Variable, ...]  # the symbolic sizes it takes as arguments (such a program is kept in memory only: its sizes are Nodes)
+  binary: bytes
+
+def build(ast: LazyOp, opts: tuple[Opt, ...] | None, target: KernelTarget, threads: bool, max_local: int, render: Callable[[str, list[UOp]], str],
+          compile_binary: Callable[[str, str], bytes] | None, settings: dict[str, Any], key: str) -> Built:
+  """Lower, render and compile one kernel, here or in a worker process (with the asking thread's settings). Its name carries its
+  key: kernels loaded into one address space (a CPU backend) never share a name, and a name means the same kernel in every process."""
+  with Context(**settings):
+    kernel = Kernel(ast, target)
     kernel.print_ast()
     if opts is None: hand_coded_optimizations(kernel)
     else:
       for opt in opts: kernel.apply_opt(opt)
     if DEBUG >= 3: print(f"opts: {kernel.applied_opts}\nlayout: {kernel.describe_layout()}")
-    lowered = lower(kernel, self.threads, self.max_local)
-    with self._lock:  # two kernels of one name in one address space (a CPU backend) would run each other's code
-      self._names[kernel.name] += 1
-      name = kernel.name if self._names[kernel.name] == 1 else f"{kernel.name}n{self._names[kernel.name] - 1}"
-    source = self.render(name, lowered.uops)
-    if DEBUG >= 4: print(source)
+    lowered = lower(kernel, threads, max_local)
+    name = f"{kernel.name}_{key[:8]}"
+    source = render(name, lowered.uops)
     started = time.perf_counter()
-    run = self.compile(name, source)
+    binary = b"" if compile_binary is None else compile_binary(name, source)
     if DEBUG >= 3: print(f"compiled {name} in {(time.perf_counter() - started) * 1e3:.2f} ms")
-    if profiler.enabled():  # the whole build: Opts, lowering, rendering and the compiler (compile_ms: the compiler alone)
-      profiler.record(f"compile {name}", "compile", began, time.perf_counter() - began, compile_ms=(time.perf_counter() - started) * 1e3)
-    return Program(name, self.name, run, lowered.flops, lowered.mem_bytes, lowered.global_size, lowered.local_size, tuple(kernel.vars))
+  return Built(name, source, lowered.global_size, lowered.local_size, lowered.flops, lowered.mem_bytes, tuple(kernel.vars), binary)
 
 class LoweredKernel(NamedTuple):
   uops: list[UOp]

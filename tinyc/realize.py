@@ -1,5 +1,5 @@
 """Layer 5: runs a schedule: allocates each output, performs load ops, and launches each kernel's compiled program.
-Imports helpers, dtype, ops, device, beam, lazy, schedule, index_check.
+Imports helpers, dtype, ops, codegen/kernel, device, beam, lazy, schedule, index_check.
 
 Threads may share a lazy graph (a model whose weights are still lazy, used by several threads): each base is computed by one of
 them. Scheduling and publishing a result (`realized` set, the graph under it dropped) happen under one lock, so a schedule never
@@ -9,9 +9,10 @@ for that result instead.
 from __future__ import annotations
 import threading
 from typing import Callable
-from tinyc.helpers import BEAM, DEBUG, GlobalCounters, ThreadRecorder, prod
+from tinyc.helpers import BEAM, DEBUG, PARALLEL_BUILD, GlobalCounters, ThreadRecorder, prod
 from tinyc.ops import LazyOp, LoadOps, ScheduleItem, unbind_ast
 from tinyc.shape.symbolic import Variable, sym_max
+from tinyc.codegen.kernel import Opt
 from tinyc.device import Buffer, Device, Program, copy_buffer
 from tinyc.beam import beam_opts
 from tinyc.lazy import LazyBuffer
@@ -25,6 +26,7 @@ _graph_lock = threading.Lock()
 _computing: dict[LazyBuffer, threading.Lock] = {}  # base -> a lock its computing thread holds until the result is published
 
 def run_schedule(schedule: list[ScheduleItem]) -> None:
+  _build_all(schedule)
   for item in schedule:
     if (busy := _claim(item.outs)) is None: continue  # another thread computed them
     if busy is STALE:  # another thread computed some of them in a kernel of its own: compute the rest anew, reading those
@@ -76,8 +78,23 @@ def _output_buffer(out: LazyBuffer) -> Buffer:
 def program_for(ast: LazyOp, device_name: str, symbolic: bool = False) -> Program:
   """The kernel's program: with BEAM=n the Opts a search on the device chose (cached), else the hand-coded heuristic's. BEAM does not
   search a kernel with symbolic sizes (its timings would hold for one value of them): it gets the heuristic's Opts."""
+  return Device[device_name].get_program(ast, None if symbolic else _opts(ast, device_name))
+
+def _opts(ast: LazyOp, device_name: str) -> tuple[Opt, ...] | None:
+  """With BEAM=n the Opts a search on the device chose (cached), else None: the hand-coded heuristic's."""
   device = Device[device_name]
-  return device.get_program(ast, beam_opts(device, ast) if BEAM >= 1 and device.compile_binary is not None and not symbolic else None)
+  return beam_opts(device, ast) if BEAM >= 1 and device.compile_binary is not None else None
+
+def _build_all(schedule: list[ScheduleItem]) -> None:
+  """Build the schedule's new kernels at once, each device's in worker processes, before the first runs (Compiled.build_all). A
+  schedule shorter than PARALLEL_BUILD gets its kernels one at a time, as they run."""
+  if not PARALLEL_BUILD or len(schedule) < PARALLEL_BUILD.value: return
+  kernels: dict[str, list[tuple[LazyOp, tuple[Opt, ...] | None]]] = {}
+  for item in schedule:
+    if item.ast.op in (LoadOps.COPY, LoadOps.EMPTY): continue
+    ast, var_vals = unbind_ast(item.ast)
+    kernels.setdefault(device := item.outs[0].device, []).append((ast, None if var_vals else _opts(ast, device)))
+  for device_name, asts in kernels.items(): Device[device_name].build_all(asts)
 
 def _run(step: Callable[[list[Buffer], dict[Variable, int]], None], buffers: list[Buffer | None], var_vals: dict[Variable, int]) -> None:
   assert None not in buffers, f"{step} reads an unrealized input"

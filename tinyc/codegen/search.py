@@ -1,14 +1,15 @@
-"""Layer 3: BEAM search over Opts, its worker processes and its on-disk cache. Imports helpers, ops, codegen/kernel; the device
-passes in the functions that build (render + compile, in a worker process) and time (on the device) a candidate.
+"""Layer 3: BEAM search over Opts, the worker processes that build kernels and tinyc's on-disk cache. Imports helpers, ops,
+codegen/kernel; the device passes in the functions that build (render + compile, in a worker process) and time (on the device) a candidate.
 
 The search keeps the `width` fastest Opt lists, expands each by every legal action, builds the new candidates in parallel
 worker processes (a candidate whose build fails, crashes its worker or runs past the timeout is dropped, and the worker
 replaced), times them, and stops when a step improves the best time by less than BEAM_MIN_PROGRESS. Candidates that render
 to the same source are timed once. The cache maps a key of (AST, device, settings) to the winning Opt list as JSON text in
-sqlite: data only, in a file tinyc marks as its own (it refuses any other file, and rebuilds its own when damaged).
+sqlite: data only, in a file tinyc marks as its own (it refuses any other file, and rebuilds its own when damaged). The same file
+keeps the programs device.py builds (table `programs`: the rendered source and launch sizes as JSON, and the compiled binary).
 """
 from __future__ import annotations
-import atexit, contextlib, hashlib, json, math, os, pickle, sqlite3, subprocess, sys, time
+import atexit, contextlib, hashlib, json, math, os, pickle, sqlite3, subprocess, sys, threading, time
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -47,10 +48,11 @@ class CompilePool:
   worker that crashes or runs past `timeout_s` is killed and replaced, and its job gives None too. Workers are fresh Python
   processes (`python -c ...worker_main()`) talking pickle over pipes: not forks (the parent may hold a GPU context and
   thread-pool locks) and not multiprocessing's spawn (which re-runs the user's unguarded __main__ script). One map at a time:
-  beam.py runs one search at a time in a process."""
+  beam.py runs one search at a time in a process, and threads asking at once take turns."""
   def __init__(self, workers: int, timeout_s: float) -> None:
     self.size, self.timeout_s = workers, timeout_s
     self.workers: list[subprocess.Popen] = []
+    self.lock = threading.Lock()
 
   def _start(self) -> subprocess.Popen:
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}  # what the parent can import
@@ -58,6 +60,9 @@ class CompilePool:
     return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environment)
 
   def map(self, job: Callable[..., Any], argument_lists: Sequence[tuple[Any, ...]]) -> list[Any]:
+    with self.lock: return self._map(job, argument_lists)
+
+  def _map(self, job: Callable[..., Any], argument_lists: Sequence[tuple[Any, ...]]) -> list[Any]:
     while len(self.workers) < self.size: self.workers.append(self._start())
     results: list[Any] = [None] * len(argument_lists)
     pending = list(reversed(range(len(argument_lists))))
@@ -66,9 +71,11 @@ class CompilePool:
       for number, worker in enumerate(self.workers):
         if number not in busy and pending:
           index = pending.pop()
+          try: message = pickle.dumps((job, argument_lists[index]))
+          except (pickle.PicklingError, AttributeError, TypeError): continue  # a job a worker cannot import (a local function) gives None
           try:
             assert worker.stdin is not None
-            pickle.dump((job, argument_lists[index]), worker.stdin)
+            worker.stdin.write(message)
             worker.stdin.flush()
           except (OSError, ValueError): self._replace(number)  # it had died: the job is dropped
           else: busy[number] = (index, time.monotonic())
@@ -116,7 +123,7 @@ def worker_main() -> None:
 
 _pool: CompilePool | None = None
 def compile_pool() -> CompilePool:
-  """The process's pool, started on the first search: one worker per core (BEAM_WORKERS overrides), BEAM_TIMEOUT seconds a build."""
+  """The process's pool, started on the first search or parallel build: one worker per core (BEAM_WORKERS overrides), BEAM_TIMEOUT seconds a build."""
   global _pool
   if _pool is None:
     _pool = CompilePool(getenv("BEAM_WORKERS", 0) or len(os.sched_getaffinity(0)), getenv("BEAM_TIMEOUT", 30.0))
@@ -182,23 +189,26 @@ def cache_key(ast: LazyOp, device_key: str) -> str:
   settings = {name: getenv(name, "") for name in ("BEAM", "BEAM_MIN_PROGRESS", "BEAM_MAX_STEPS", "NOLOCALS")}
   return hashlib.sha256(f"{ast_text(ast)}|{device_key}|{sorted(settings.items())}|{len(ACTIONS)}".encode()).hexdigest()
 
-def cache_path() -> Path: return Path(getenv("CACHEDB", str(Path.home() / ".cache" / "tinyc" / "beam.db")))
+def cache_dir() -> Path: return Path(getenv("CACHE_DIR", str(Path.home() / ".cache" / "tinyc")))
+def cache_path() -> Path: return Path(getenv("CACHEDB", str(cache_dir() / "beam.db")))
 
 # the cache's own sqlite database: marked by an application id in its header, so that tinyc never reads, rebuilds or deletes a
 # file it did not make; in WAL mode (readers do not wait for a writer), each write one transaction, so processes share it safely
 APPLICATION_ID = 0x74696E63  # "tinc"
 SQLITE_MAGIC = b"SQLite format 3\x00"
-TABLE = "CREATE TABLE IF NOT EXISTS beam (key TEXT PRIMARY KEY, opts TEXT NOT NULL)"
+TABLES = {"beam": "CREATE TABLE IF NOT EXISTS beam (key TEXT PRIMARY KEY, opts TEXT NOT NULL)",
+          "programs": "CREATE TABLE IF NOT EXISTS programs (key TEXT PRIMARY KEY, program TEXT NOT NULL, binary BLOB NOT NULL)"}
+_checked: set[Path] = set()  # caches whose every page this process has read once (damage shows there)
 
 class CacheFileError(RuntimeError):
-  """The BEAM cache path names a file that tinyc did not make."""
+  """The cache path names a file that tinyc did not make."""
 
 def _made_by_tinyc(path: Path) -> bool:
   """Whether `path` is tinyc's cache (False: absent, empty, or an older tinyc's unmarked cache to adopt); CacheFileError otherwise."""
   if not path.is_file(): return False
   with path.open("rb") as file: header = file.read(100)
   if not header: return False
-  refuse = f"The BEAM cache {path} is not a tinyc cache ({{}}): tinyc neither reads nor replaces it. Set CACHEDB to another file."
+  refuse = f"The cache {path} is not a tinyc cache ({{}}): tinyc neither reads nor replaces it. Set CACHEDB to another file."
   if not header.startswith(SQLITE_MAGIC) or len(header) < 72: raise CacheFileError(refuse.format("not an sqlite database"))
   if int.from_bytes(header[68:72], "big") == APPLICATION_ID: return True
   try:
@@ -206,7 +216,7 @@ def _made_by_tinyc(path: Path) -> bool:
       tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
   except sqlite3.OperationalError: raise
   except sqlite3.DatabaseError as error: raise CacheFileError(refuse.format(f"an unmarked, unreadable sqlite database: {error}")) from error
-  if not tables <= {"beam"}: raise CacheFileError(refuse.format(f"an sqlite database with the tables {sorted(tables)}"))
+  if not tables <= set(TABLES): raise CacheFileError(refuse.format(f"an sqlite database with the tables {sorted(tables)}"))
   return False
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -214,42 +224,74 @@ def _connect(path: Path) -> sqlite3.Connection:
   made = _made_by_tinyc(path)
   connection = sqlite3.connect(path, timeout=30, isolation_level=None)  # autocommit: one statement is one transaction
   try:
-    if not made:  # new (or adopted): mark it, make the table and switch to WAL, racing safely with another process doing the same
+    connection.execute("PRAGMA synchronous = NORMAL")  # in WAL mode no fsync at each commit: a power cut may lose the last rows, never the file
+    if not made:  # new (or adopted): mark it, make the tables and switch to WAL, racing safely with another process doing the same
       connection.execute("BEGIN IMMEDIATE")
       connection.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-      connection.execute(TABLE)
+      for table in TABLES.values(): connection.execute(table)
       connection.execute("COMMIT")
       connection.execute("PRAGMA journal_mode = WAL")
-    connection.execute("SELECT count(*) FROM beam").fetchone()  # reads every page of the table: damage shows here
+    if path not in _checked:  # an older tinyc's file lacks the newer tables; reading every page of each shows damage
+      for name, table in TABLES.items(): connection.execute(table).execute(f"SELECT count(*) FROM {name}").fetchone()
+      _checked.add(path)
   except BaseException:
     connection.close()
     raise
   return connection
 
-def _open_cache() -> sqlite3.Connection:
-  """The cache, made where absent and rebuilt where damaged."""
-  path = cache_path()
-  try: return _connect(path)
-  except sqlite3.OperationalError: raise  # cannot open or write (or locked past the timeout): not damage
-  except sqlite3.DatabaseError as error:  # the header says tinyc made it, its contents are damaged
-    print(f"tinyc: the BEAM cache {path} is damaged ({error}); starting a new one", file=sys.stderr)
-    for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")): leftover.unlink(missing_ok=True)
-    return _connect(path)
+# each thread keeps its connection open: closing the last one checkpoints the WAL into the file, 12 ms a statement. It is opened
+# anew for another path, process (a connection must not cross a fork: the child leaves the inherited one alone) or file, and when
+# the file changed under it (a checkpoint, or something else writing it)
+_held = threading.local()
+_inherited: list[threading.local] = []
 
-def _cache_execute(statement: str, parameters: tuple[str, ...]) -> list[Any]:
-  """The rows of one statement run on the cache in its own transaction; none (after one warning) where the cache cannot be used."""
+def _run(path: Path, statement: str, parameters: tuple[str | bytes, ...]) -> list[Any]:
+  _made_by_tinyc(path)  # refuses a file tinyc did not make, every time
+  if getattr(_held, "identity", None) != _identity(path):
+    _forget()
+    _held.connection = _connect(path)
+    _held.identity = _identity(path)
+  return _held.connection.execute(statement, parameters).fetchall()
+
+def _identity(path: Path) -> tuple[Any, ...]:
+  stat = path.stat() if path.exists() else None
+  return (path, os.getpid()) + ((stat.st_ino, stat.st_mtime_ns, stat.st_size) if stat else ())
+
+def _forget() -> None:
+  if getattr(_held, "connection", None) is not None: _held.connection.close()
+  _held.identity = _held.connection = None
+
+def _keep_inherited() -> None:
+  global _held
+  _inherited.append(_held)
+  _held = threading.local()
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_keep_inherited)
+
+def cache_execute(statement: str, parameters: tuple[str | bytes, ...]) -> list[Any]:
+  """The rows of one statement run on the cache in its own transaction (the cache made where absent, rebuilt where damaged); none
+  (after one warning) where the cache cannot be used."""
+  path = cache_path()
   try:
-    with contextlib.closing(_open_cache()) as connection: return connection.execute(statement, parameters).fetchall()
-  except (OSError, sqlite3.Error) as error:  # an unwritable location, a read-only file, a lock held past the timeout: the search goes on
-    warn_once(f"cannot use the BEAM cache {cache_path()} ({error}): searching without it. Set CACHEDB to a writable file to keep the results.")
+    try: return _run(path, statement, parameters)
+    except sqlite3.OperationalError:  # cannot open or write (or locked past the timeout): not damage
+      _forget()
+      raise
+    except sqlite3.DatabaseError as error:  # the header says tinyc made it, its contents are damaged
+      _forget()
+      _checked.discard(path)
+      print(f"tinyc: the cache {path} is damaged ({error}); starting a new one", file=sys.stderr)
+      for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")): leftover.unlink(missing_ok=True)
+      return _run(path, statement, parameters)
+  except (OSError, sqlite3.Error) as error:  # an unwritable location, a read-only file, a lock held past the timeout: tinyc goes on
+    warn_once(f"cannot use the cache {path} ({error}): working without it. Set CACHEDB to a writable file to keep BEAM's and the compiler's results.")
     return []
 
 def cache_get(key: str) -> tuple[Opt, ...] | None:
   if getenv("IGNORE_BEAM_CACHE", 0): return None
-  rows = _cache_execute("SELECT opts FROM beam WHERE key = ?", (key,))
+  rows = cache_execute("SELECT opts FROM beam WHERE key = ?", (key,))
   if not rows: return None
   try: return tuple(Opt(OptOps[op], axis, amount) for op, axis, amount in json.loads(rows[0][0]))
   except (ValueError, KeyError, TypeError): return None  # a row this version cannot read is a miss
 
 def cache_put(key: str, opts: Sequence[Opt]) -> None:
-  _cache_execute("INSERT OR REPLACE INTO beam (key, opts) VALUES (?, ?)", (key, json.dumps([[opt.op.name, opt.axis, opt.amount] for opt in opts])))
+  cache_execute("INSERT OR REPLACE INTO beam (key, opts) VALUES (?, ?)", (key, json.dumps([[opt.op.name, opt.axis, opt.amount] for opt in opts])))

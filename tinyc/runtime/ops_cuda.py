@@ -2,7 +2,7 @@
 copies, launches, events), NVRTC for compiling to a cubin of the device's own architecture. Imports helpers, device,
 codegen/, runtime/nvrtc; pycuda appears only here.
 
-Compiled cubins are cached on disk by runtime/nvrtc.py (cached_cubin).
+Compiled cubins are cached on disk with the rest of each program (device.py).
 
 Threads: a new Python thread has no current CUDA context, and pycuda refuses every call without one, so every entry point that
 touches the driver (allocation, copies, module loads, launches, events, graphs) first makes the device's primary context
@@ -17,7 +17,7 @@ from tinyc.helpers import DEBUG, GlobalCounters, getenv
 from tinyc.codegen.kernel import GPU_MAX_UPCAST, KernelTarget
 from tinyc.device import Allocator, Buffer, Compiled, CompileError, Program
 from tinyc.codegen.cstyle import render_cuda
-from tinyc.runtime.nvrtc import cached_cubin, compile_cuda
+from tinyc.runtime.nvrtc import compile_cuda, nvrtc_version
 
 class PrimaryContext:
   """The device's primary context, the one the CUDA runtime (and so PyTorch) uses: a context of our own would be swapped out
@@ -72,7 +72,7 @@ class CUDACompiler:
 
   def compile(self, name: str, source: str) -> Callable[..., float | None]:
     PRIMARY.make_current()
-    if source not in self.modules: self.modules[source] = _load_module(name, cached_cubin(name, source, self.arch))
+    if source not in self.modules: self.modules[source] = _load_module(name, compile_cuda(name, source, self.arch))
     return _runner(self.modules[source], name, source)
 
   def load(self, name: str, source: str, cubin: bytes) -> Callable[..., float | None]:
@@ -181,7 +181,7 @@ def open_device() -> Compiled:
   backend = Compiled("CUDA", CUDAAllocator(), render_cuda, compiler.compile, language="CUDA C", threads=True,
                      max_local=min(256, attribute("MAX_THREADS_PER_BLOCK")), target=target,
                      compile_binary=functools.partial(compile_cuda, arch=compiler.arch, output="cubin"), load=compiler.load,
-                     arch=f"{device.name()} {compiler.arch}", graph=CUDAGraph)
+                     arch=f"{device.name()} {compiler.arch} NVRTC {nvrtc_version()}", graph=CUDAGraph)
   # the profiler's ceilings from the driver: float32 FMA lanes x 2 x SM clock (64 lanes an SM on sm_70 to sm_80, 128 from sm_86), and
   # the memory's transfers a second (2 per clock) x its bus width
   lanes = 64 if device.compute_capability() <= (8, 0) else 128

@@ -79,11 +79,14 @@ class LLVMCompiler:
       return make_runner(self.cache[source])
 
   def load(self, name: str, source: str, native_object: bytes) -> Callable[..., float | None]:
-    """A runner for an object file compiled by a BEAM worker (each candidate has a name of its own)."""
+    """A runner for an object file compiled by compile_object (here, in a worker or by an earlier process; every kernel has a name
+    of its own). Loaded once per source: a second copy of a kernel's symbol in the engine would clash."""
     with LLVMLITE_LOCK:
-      self.engine.add_object_file(llvm.ObjectFileRef.from_data(native_object))
-      self.engine.finalize_object()
-      return make_runner(self.engine.get_function_address(name))
+      if source not in self.cache:
+        self.engine.add_object_file(llvm.ObjectFileRef.from_data(native_object))
+        self.engine.finalize_object()
+        self.cache[source] = self.engine.get_function_address(name)
+      return make_runner(self.cache[source])
 
 def make_runner(address: int) -> Callable[..., float | None]:
   function = ctypes.CFUNCTYPE(None)(address)  # no argtypes: each call passes c_void_p pointers (and c_int64 bounds) as they are
@@ -149,4 +152,4 @@ def open_device() -> Compiled:
   compiler = LLVMCompiler()
   target = KernelTarget(vector_lanes=16 if llvm.get_host_cpu_features().get("avx512f") else 8)
   return Compiled("LLVM", HostAllocator(), render_llvm, compiler.compile, language="LLVM IR", compile_binary=compile_object, load=compiler.load,
-                  arch=f"{llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}", target=target)
+                  arch=f"{llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()} LLVM {llvm.llvm_version_info}", target=target)
