@@ -184,7 +184,7 @@ def _tensor_core_plan(kernel: Kernel) -> bool:
   that still gives every SM a work-group, else 2 x 2; 128 bytes of each row of the reduce a loop trip; 3 tile stages (2 where local
   memory is short); smaller tiles where an axis is short. The tiles come from L2, and its bandwidth (about 5 TB/s) is what bounds
   a work-group's tile: 128 x 128 outputs top out near 320 TFLOP/s, 128 x 256 near 430. Measured on the H200 at 4096 (fp16, cuBLAS
-  about 700, with clusters sharing tiles): 405-409 TFLOP/s in every layout with 2 x 4 warps, 320-345 with 2 x 2, 310 with 2 x 2
+  about 700, with clusters sharing tiles): 388-409 TFLOP/s in every layout with 2 x 4 warps, 320-345 with 2 x 2, 310 with 2 x 2
   warps and 64 bytes a trip. Before the stages had split barriers (a barrier of every thread each trip), 2 x 4 warps gave 310."""
   if not (operands := kernel.tensor_core_operands()): return False
   def padded(chosen: set[int] | None) -> Kernel:  # M and N to whole work-group tiles where that wastes little, K to whole trips
