@@ -6,7 +6,7 @@ import pytest
 from tinyc import Tensor, Device, GlobalCounters
 from tinyc.device import Buffer, CompileError
 from tinyc.dtype import dtypes
-from tinyc.helpers import Context
+from tinyc.helpers import BEAM, Context, getenv
 
 def test_default_device_and_selection(monkeypatch):
   for name in ("CUDA", "GPU", "LLVM", "DEVICE"): monkeypatch.delenv(name, raising=False)
@@ -32,6 +32,28 @@ def test_freed_memory_is_reused_by_the_allocator():
   memory = buffer.opaque
   del buffer
   assert Buffer("LLVM", 1000, dtypes.float32).opaque is memory
+
+def test_memory_held_by_buffers_is_counted_while_they_live():
+  before = GlobalCounters.mem_used
+  buffer = Buffer(Device.DEFAULT, 1000, dtypes.float32)
+  assert GlobalCounters.mem_used == before, "a buffer takes memory when first used"
+  buffer.opaque
+  assert GlobalCounters.mem_used == before + 4000
+  del buffer  # given back to the allocator's free list: no longer held
+  assert GlobalCounters.mem_used == before
+  again = Buffer(Device.DEFAULT, 1000, dtypes.float32).copyin(np.zeros(1000, np.float32))  # from the free list: counted again
+  assert GlobalCounters.mem_used == before + 4000
+  del again
+  assert GlobalCounters.mem_used == before
+
+def test_settings_follow_the_environment_and_context(monkeypatch):
+  monkeypatch.delenv("BEAM", raising=False)
+  assert BEAM.value == 0 and getenv("BEAM", 0) == 0 and getenv("BEAM", "x") == "x"
+  monkeypatch.setenv("BEAM", "3")
+  assert BEAM.value == 3 and BEAM >= 3 and getenv("BEAM", 0) == 3 and getenv("BEAM", "") == "3"
+  with Context(BEAM=1): assert BEAM.value == 1
+  monkeypatch.delenv("BEAM")
+  assert BEAM.value == 0 and not BEAM
 
 def test_repeated_kernel_is_compiled_once():
   device = Device[Device.DEFAULT]

@@ -26,20 +26,28 @@ from tinyc.codegen.cpu_split import outer_split
 from tinyc.codegen.search import ast_text, cache_execute, compile_pool
 
 class Allocator:
-  """Device memory with a free list: a freed block is kept and handed out again for the next request of the same size. The free
-  list takes a lock (reentrant: the garbage collector may free a Buffer in the middle); the device calls run outside it."""
+  """Device memory with a free list: a freed block is kept and handed out again for the next request of the same size. Taking and
+  giving back a block counts it in GlobalCounters.mem_used under that counter's lock, which also guards the free list (one lock for
+  both, as every eager realize takes and frees a buffer; reentrant: the garbage collector may free a Buffer in the middle); the
+  device calls run outside it."""
   def __init__(self) -> None:
     self.cache: dict[int, list[Any]] = defaultdict(list)
-    self.lock = threading.RLock()
+    self.lock = GlobalCounters.lock
   def alloc(self, nbytes: int) -> Any:
     with self.lock:
-      if self.cache[nbytes]: return self.cache[nbytes].pop()
-    try: return self._alloc(nbytes)
+      if self.cache[nbytes]:
+        GlobalCounters.mem_used += nbytes
+        return self.cache[nbytes].pop()
+    try: opaque = self._alloc(nbytes)
     except MemoryError:
       self.free_cache()
-      return self._alloc(nbytes)
+      opaque = self._alloc(nbytes)
+    with self.lock: GlobalCounters.mem_used += nbytes
+    return opaque
   def free(self, opaque: Any, nbytes: int) -> None:
-    with self.lock: self.cache[nbytes].append(opaque)
+    with self.lock:
+      GlobalCounters.mem_used -= nbytes
+      self.cache[nbytes].append(opaque)
   def free_cache(self) -> None:
     with self.lock: cache, self.cache = self.cache, defaultdict(list)
     for nbytes, blocks in cache.items():
@@ -60,14 +68,10 @@ class Buffer:
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
   @property
   def opaque(self) -> Any:
-    if self._opaque is None:
-      self._opaque = self.allocator.alloc(nbytes := self.size * self.dtype.itemsize)
-      GlobalCounters.add_memory(nbytes)
+    if self._opaque is None: self._opaque = self.allocator.alloc(self.size * self.dtype.itemsize)
     return self._opaque
   def __del__(self) -> None:
-    if getattr(self, "_opaque", None) is None: return
-    GlobalCounters.add_memory(-(nbytes := self.size * self.dtype.itemsize))
-    self.allocator.free(self._opaque, nbytes)
+    if getattr(self, "_opaque", None) is not None: self.allocator.free(self._opaque, self.size * self.dtype.itemsize)
   def __repr__(self) -> str: return f"<Buffer {self.device} {self.size} {self.dtype.name}>"
   def copyin(self, data: np.ndarray) -> Buffer:
     assert data.nbytes == self.nbytes, f"copyin of {data.nbytes} bytes into a buffer of {self.nbytes}"
@@ -107,7 +111,7 @@ class Program:
   vars: tuple[Variable, ...] = ()
   def __call__(self, buffers: list[Buffer], var_vals: dict[Variable, int] | None = None) -> None:
     started = time.perf_counter() if (profiling := profiler.enabled()) else 0.0
-    values = [(var_vals or {})[var] for var in self.vars]
+    values = [(var_vals or {})[var] for var in self.vars] if self.vars else []
     global_size = self.global_size if not self.vars or self.global_size is None else \
       tuple(sym_infer(size, var_vals or {}) for size in self.global_size)
     seconds = self.run(*[buf.opaque for buf in buffers], *values, global_size=global_size, local_size=self.local_size,

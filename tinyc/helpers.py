@@ -43,14 +43,15 @@ def keyword_aliases(**aliases: str) -> Callable[[Fn], Fn]:
     return call  # type: ignore[return-value]
   return decorate
 
-POSIX = os.name == "posix"
+# os.environ.get takes ~0.7 us (an unset name raises and catches a KeyError inside) and an eager realize reads several settings: on
+# POSIX, names are looked up in the dict of encoded names that os.environ keeps and updates in place on every change
+_posix_environ = getattr(os.environ, "_data", None) if os.name == "posix" else None
+_ENVIRON: Any = _posix_environ if isinstance(_posix_environ, dict) else os.environ
+def _environ_name(key: str) -> bytes | str: return key.encode() if _ENVIRON is not os.environ else key
+
 def getenv(key: str, default: Any = 0) -> Any:
   """The environment variable `key` converted to the type of `default`; read each call so changes take effect at once."""
-  # os.environ.get takes ~0.7 us (an unset name raises and catches a KeyError inside) and an eager realize reads several settings:
-  # on POSIX, look the name up in the dict of encoded names that os.environ keeps and updates on every change, where it has one
-  encoded = getattr(os.environ, "_data", None) if POSIX else None
-  raw = os.environ.get(key) if not isinstance(encoded, dict) else None if (value := encoded.get(key.encode())) is None else os.fsdecode(value)
-  return default if raw is None else type(default)(raw)
+  return default if (raw := _ENVIRON.get(_environ_name(key))) is None else type(default)(os.fsdecode(raw))
 
 class ContextVar:
   """A setting read from the environment at use time, which `Context(...)` can override for a block. An override holds in the
@@ -60,15 +61,18 @@ class ContextVar:
     if key in cls._registry: return cls._registry[key]
     instance = super().__new__(cls)
     instance.key, instance.default, instance.overrides = key, default, contextvars.ContextVar(f"tinyc.{key}", default=())
+    instance.name = _environ_name(key)
     cls._registry[key] = instance
     return instance
   key: str
+  name: bytes | str  # the key as _ENVIRON names it
   default: Any
   overrides: contextvars.ContextVar[tuple[Any, ...]]  # this thread's stack of overrides, innermost last
   @property
   def value(self) -> Any:
-    overrides = self.overrides.get()
-    return overrides[-1] if overrides else getenv(self.key, self.default)
+    # read several times by every eager realize: one frame fewer than getenv
+    if overrides := self.overrides.get(): return overrides[-1]
+    return self.default if (raw := _ENVIRON.get(self.name)) is None else type(self.default)(os.fsdecode(raw))
   def __bool__(self) -> bool: return bool(self.value)
   def __ge__(self, other: Any) -> bool: return self.value >= other
   def __gt__(self, other: Any) -> bool: return self.value > other
@@ -113,7 +117,7 @@ class GlobalCounters:
   global_ops: int = 0
   global_mem: int = 0
   time_sum_s: float = 0.0
-  mem_used: int = 0  # bytes held by live device buffers (not reset)
+  mem_used: int = 0  # bytes held by live device buffers (not reset; counted by device.py's Allocator)
   # reentrant: a Buffer freed by the garbage collector while this thread holds the lock updates mem_used too
   lock = threading.RLock()
   @staticmethod
@@ -126,9 +130,6 @@ class GlobalCounters:
       GlobalCounters.global_mem += mem
       GlobalCounters.time_sum_s += seconds
       GlobalCounters.mem_used += mem_used
-  @staticmethod
-  def add_memory(nbytes: int) -> None:  # every buffer taken and given back: the eager path's share of add()
-    with GlobalCounters.lock: GlobalCounters.mem_used += nbytes
 
 def rates(flops: int, mem_bytes: int, seconds: float) -> tuple[float, float]:
   """(GFLOP/s, GB/s) of a kernel that took `seconds`: what DEBUG=2 prints and the profiler sums."""

@@ -88,7 +88,7 @@ def _opts(ast: LazyOp, device_name: str) -> tuple[Opt, ...] | None:
 def _build_all(schedule: list[ScheduleItem]) -> None:
   """Build the schedule's new kernels at once, each device's in worker processes, before the first runs (Compiled.build_all). A
   schedule shorter than PARALLEL_BUILD gets its kernels one at a time, as they run."""
-  if not PARALLEL_BUILD or len(schedule) < PARALLEL_BUILD.value: return
+  if not (least := PARALLEL_BUILD.value) or len(schedule) < least: return
   kernels: dict[str, list[tuple[LazyOp, tuple[Opt, ...] | None]]] = {}
   for item in schedule:
     if item.ast.op in (LoadOps.COPY, LoadOps.EMPTY): continue

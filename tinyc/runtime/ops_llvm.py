@@ -95,7 +95,7 @@ def make_runner(address: int) -> Callable[..., float | None]:
     """args: the buffers, then the values of the kernel's Variables. For a kernel split across threads (it takes [start, end) of its
     outermost global loop after those), global_size[0] is that loop's trips and local_size[0] the fewest of them worth a thread; None
     for one that runs on one thread (see codegen/cpu_split.py)."""
-    started = time.perf_counter()
+    started = time.perf_counter() if wait else 0.0
     pointers = [ctypes.c_int32(arg) if isinstance(arg, int) else arg.pointer for arg in args]
     if global_size is None: function(*pointers)
     else: run_ranges(function, pointers, split_range(global_size[0], (local_size or global_size)[0], cpu_threads()))
