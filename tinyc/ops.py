@@ -8,21 +8,26 @@ from tinyc.dtype import DType, dtypes
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.shape.symbolic import Node, Variable
 
-class UnaryOps(Enum):
+class OpEnum(Enum):
+  """An enum of ops, hashed by identity as an object is (Enum's own hash of the name is a Python call: a graph's plan key holds
+  several ops and every eager realize hashes it). Hashes differ across processes either way (str hashes are salted)."""
+  __hash__ = object.__hash__
+
+class UnaryOps(OpEnum):
   EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); NEG = auto(); CAST = auto(); BITCAST = auto()  # noqa: E702
-class BinaryOps(Enum):
+class BinaryOps(OpEnum):
   ADD = auto(); SUB = auto(); MUL = auto(); DIV = auto(); IDIV = auto(); MOD = auto(); MAX = auto()  # noqa: E702
   CMPLT = auto(); CMPEQ = auto(); AND = auto(); OR = auto(); XOR = auto()  # noqa: E702
-class TernaryOps(Enum):
+class TernaryOps(OpEnum):
   WHERE = auto()
-class ReduceOps(Enum):
+class ReduceOps(OpEnum):
   SUM = auto(); MAX = auto()  # noqa: E702
-class MovementOps(Enum):
+class MovementOps(OpEnum):
   RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); STRIDE = auto()  # noqa: E702
-class BufferOps(Enum):
+class BufferOps(OpEnum):
   """The leaves and the root of a kernel's AST: SINK(STORE, ...) stores each of a kernel's outputs."""
   LOAD = auto(); CONST = auto(); STORE = auto(); SINK = auto()  # noqa: E702
-class LoadOps(Enum):
+class LoadOps(OpEnum):
   """Graph nodes that are not plain values: EMPTY allocates, CONST is a scalar, COPY moves data across devices, CONTIGUOUS
   stores srcs[0] in its own memory, ASSIGN stores srcs[0] into the buffer of srcs[1] (a realized base) in place."""
   EMPTY = auto(); CONST = auto(); COPY = auto(); CONTIGUOUS = auto(); ASSIGN = auto()  # noqa: E702

@@ -210,6 +210,9 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
       # fit: an operand keeps its value as C reads it
       y = Tensor(LazyBuffer.scalar(_cast_scalar(other, x.dtype), x.dtype, x.device, x.shape))
       return (y, x) if reverse else (x, y)
+    mine, theirs = self.lazydata, other.lazydata
+    if mine.shape == theirs.shape and mine.dtype == theirs.dtype and (dtype is None or dtype == mine.dtype) and mine.device == theirs.device:
+      return (other, self) if reverse else (self, other)  # nothing to cast or expand: the common case, and every eager op asks
     if dtype is None: dtype = least_upper_dtype(self.dtype, other.dtype)
     x, y = self.cast(dtype), other.cast(dtype)
     if x.device != y.device: raise RuntimeError(f"Expected all tensors to be on the same device, but found {x.device} and {y.device}")
