@@ -330,7 +330,9 @@ def _visit(base: LazyBuffer, position: dict[LazyBuffer, int], bases: list[LazyBu
   if base.realized is not None: entry: tuple = (base.dtype, base.device, base.shape)  # an input: only what it holds
   elif (op := base.op) is LoadOps.CONST: entry = (op, const_key(base.arg), base.dtype, base.device, base.shape)  # -0.0 == 0.0, 1 / -0.0 is not
   else:
-    entry = (op, base.arg, base.dtype, base.device, base.shape, tuple([(_visit(src.base, position, bases, entries), src.st) for src in base.srcs]))
+    srcs: list[tuple[int, ShapeTracker]] = []  # a loop, not a comprehension (a frame of its own): the src's base inlined, as the property is a call
+    for src in base.srcs: srcs.append((_visit(src._base or src, position, bases, entries), src.st))
+    entry = (op, base.arg, base.dtype, base.device, base.shape, tuple(srcs))
   position[base] = index = len(bases)
   bases.append(base)
   entries.append(entry)
