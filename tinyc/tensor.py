@@ -136,10 +136,15 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
   # ---- autograd ----
   @classmethod
   def _apply(cls, function: type[F.Function], *tensors: Tensor, **kwargs: Any) -> Tensor:
-    context = function(tensors[0].device, [t.requires_grad for t in tensors])
+    needs_grad: list[bool | None] = []  # one loop, not two comprehensions (each a frame of its own): every eager op comes here
+    inputs: list[LazyBuffer] = []
+    for tensor in tensors:
+      needs_grad.append(tensor.requires_grad)
+      inputs.append(tensor.lazydata)
+    context = function(inputs[0].device, needs_grad)
     # under no_grad nothing is recorded and, as in torch, the result does not require grad (else it would collect a .grad like a leaf)
     requires_grad = context.requires_grad and not Tensor.no_grad
-    result = cls(context.forward(*[t.lazydata for t in tensors], **kwargs), requires_grad=requires_grad)  # on the inputs' device
+    result = cls(context.forward(*inputs, **kwargs), requires_grad=requires_grad)  # on the inputs' device
     if requires_grad:
       context.parents = tensors  # type: ignore[attr-defined]
       result._ctx = context
