@@ -7,6 +7,8 @@ from tinyc import Tensor, Device, GlobalCounters
 from tinyc.device import Buffer, CompileError
 from tinyc.dtype import dtypes
 from tinyc.helpers import BEAM, Context, getenv
+from tinyc.ops import LoadOps
+from tinyc.schedule import create_schedule
 
 def test_default_device_and_selection(monkeypatch):
   for name in ("CUDA", "GPU", "LLVM", "DEVICE"): monkeypatch.delenv(name, raising=False)
@@ -135,3 +137,11 @@ def test_cuda_kernels_still_run_after_torch_used_the_gpu():
   np.testing.assert_allclose((x * 2).numpy(), np.arange(10) * 2)
   assert float((torch.arange(10, device="cuda") * 3).sum().item()) == 135
   np.testing.assert_allclose((x + 5).numpy(), np.arange(10) + 5)
+
+def test_a_program_built_without_opts_is_not_served_with_them():
+  """NOOPT changes what a kernel compiles to: within one process too, the other setting gets its own program."""
+  a, b = Tensor.rand(64, 64).realize(), Tensor.rand(64, 64).realize()
+  (item,) = [item for item in create_schedule([(a @ b).lazydata]) if item.ast.op not in LoadOps]
+  device = Device[Device.DEFAULT]
+  with Context(NOOPT=1): plain = device.get_program(item.ast)
+  assert device.get_program(item.ast) is not plain

@@ -164,18 +164,18 @@ class Compiled:
     # for TinyJit: graph(steps) makes a one-launch replay of captured steps (each a program of this device and its buffers), called
     # with the replay's input buffers
     self.graph = graph
-    self.programs: dict[tuple[LazyOp, tuple[Opt, ...] | None, bool], Program] = {}
+    self.programs: dict[tuple[LazyOp, tuple[Opt, ...] | None, bool, bool], Program] = {}
     self._built: dict[str, Built] = {}  # program key -> built by build_all or found on disk, for get_program to load
     self.builds: Counter[str] = Counter()  # programs "built" (lowered and compiled; of them "in workers") and found "from disk"
     # threads: one lock guards the table of programs being compiled; each program compiles under a lock of its own,
     # so a thread wanting a program another is compiling waits for it, different programs compile at once, launches never wait
     self._lock = threading.Lock()
-    self._compiling: dict[tuple[LazyOp, tuple[Opt, ...] | None, bool], threading.Lock] = {}
+    self._compiling: dict[tuple[LazyOp, tuple[Opt, ...] | None, bool, bool], threading.Lock] = {}
 
   def get_program(self, ast: LazyOp, opts: tuple[Opt, ...] | None = None) -> Program:
     """The compiled program for `ast` with these Opts (None: the hand-coded heuristic's, or none with NOOPT=1). Thread-safe: each
     is compiled once however many threads ask for it at once."""
-    key = (ast, opts, bool(ALLOW_TF32))  # TF32 changes what the Opts may do
+    key = self._memory_key(ast, opts)
     if (program := self.programs.get(key)) is not None: return program
     with self._lock: compiling = self._compiling.setdefault(key, threading.Lock())
     try:
@@ -190,7 +190,7 @@ class Compiled:
     of them), for get_program to load. A build that fails there is left to get_program, which raises its error."""
     wanted: dict[str, tuple[Any, ...]] = {}
     for ast, opts in kernels:
-      if (ast, opts, bool(ALLOW_TF32)) in self.programs or (key := self.program_key(ast, opts)) in self._built or key in wanted: continue
+      if self._memory_key(ast, opts) in self.programs or (key := self.program_key(ast, opts)) in self._built or key in wanted: continue
       if (cached := self._cached(key)) is not None: self._built[key] = cached
       else: wanted[key] = self._build_arguments(ast, opts, key)
     if self.compile_binary is None or not PARALLEL_BUILD or len(wanted) < PARALLEL_BUILD.value: return
@@ -198,6 +198,10 @@ class Compiled:
       if built is not None:
         self._built[key] = self._store(key, built)
         self.builds["in workers"] += 1
+
+  @staticmethod
+  def _memory_key(ast: LazyOp, opts: tuple[Opt, ...] | None) -> tuple[LazyOp, tuple[Opt, ...] | None, bool, bool]:
+    return (ast, opts, bool(ALLOW_TF32), bool(NOOPT))  # the settings that change what the same Opts compile to (CODEGEN_SETTINGS)
 
   def program_key(self, ast: LazyOp, opts: tuple[Opt, ...] | None) -> str:
     """The disk cache's key of a program: the kernel, its Opts, the device and compiler, the settings that change code, tinyc's code."""
