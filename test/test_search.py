@@ -5,7 +5,7 @@ import contextlib, os, sqlite3, subprocess, sys, time
 import numpy as np
 import pytest
 from tinyc import Tensor
-from tinyc.device import Device
+from tinyc.device import Device, codegen_settings
 from tinyc.helpers import Context, GlobalCounters
 from tinyc.codegen.kernel import Kernel, Opt, OptOps
 from tinyc.codegen import search
@@ -233,3 +233,13 @@ def test_the_search_grows_a_kernel_to_at_most_256_upcast_lanes_and_may_stage_inp
   hand_coded_optimizations(staged)
   assert staged.upcast_size == 1024 and staged.staged  # the heuristic's plan is above the search's limit: it may still change it
   assert search.expansions(staged) and all(upcast_sizes(opts) == 1024 for opts in search.expansions(staged))
+
+def test_candidates_that_differ_only_in_their_program_key_compare_equal():
+  """Built names carry the program key, which differs with the Opts: the search must compare sources without them, or it times
+  every candidate, duplicates too."""
+  item = next(item for item in create_schedule([(Tensor.empty(16, 16) @ Tensor.empty(16, 16)).lazydata]) if item.ast.op not in LoadOps)
+  device = Device["LLVM"]
+  arguments = lambda key: (item.ast, (), device.target, device.threads, device.max_local, device.render, device.compile_binary,  # noqa: E731
+                           codegen_settings(), key)
+  first, second = beam.build_candidate(*arguments("1" * 64)), beam.build_candidate(*arguments("2" * 64))
+  assert first[1].name != second[1].name and first[0] == second[0]

@@ -54,7 +54,8 @@ def search(device: Compiled, ast: LazyOp) -> tuple[tuple[Opt, ...], bool]:
   hand_coded = tuple(hand_coded_optimizations(kernel.copy()))
   buffers = _random_buffers(device.name, kernel, outputs := output_count(ast))
   times: dict[tuple[Opt, ...], float] = {}
-  def measure(opts: tuple[Opt, ...], built: Built) -> float:
+  def measure(opts: tuple[Opt, ...], candidate: tuple[str, Built]) -> float:
+    built = candidate[1]
     assert device.load is not None, f"{device.name} cannot load binaries, so it cannot search"
     try:
       program = Program(built.name, device.name, device.load(built.name, built.source, built.binary), built.flops, built.mem_bytes,
@@ -68,13 +69,19 @@ def search(device: Compiled, ast: LazyOp) -> tuple[tuple[Opt, ...], bool]:
   settings = codegen_settings()
   arguments = lambda opts: (ast, opts, device.target, device.threads, device.max_local, device.render, device.compile_binary,  # noqa: E731
                             settings, device.program_key(ast, opts))
-  best = beam_search(kernel, BEAM.value, build, arguments, measure, starts=((), hand_coded), name=kernel.name)
+  best = beam_search(kernel, BEAM.value, build_candidate, arguments, measure, starts=((), hand_coded), name=kernel.name)
   verified = not getenv("BEAM_VERIFY", 1) or outputs_match(device, ast, best, buffers, outputs)
   if DEBUG >= 2 or not verified:
     print(f"BEAM {kernel.name}: {list(best)} {times.get(best, math.nan) * 1e6:.2f} us against the hand-coded "
           f"{times.get(hand_coded, math.nan) * 1e6:.2f} us after a {time.perf_counter() - started:.1f} s search"
           + ("" if verified else "; ITS OUTPUT DIFFERS, using the hand-coded Opts"), file=sys.stderr)
   return (best, True) if verified else (hand_coded, False)
+
+def build_candidate(*arguments: Any) -> tuple[str, Built]:
+  """A candidate built in a worker, with its source under a name common to all (a built name carries its program key, which
+  differs with the Opts): beam_search times candidates with equal sources once."""
+  built = build(*arguments)
+  return built.source.replace(built.name, "kernel"), built
 
 def time_program(program: Program, buffers: list[Buffer], scale_down: bool, best_s: float, runs: int = 3) -> float:
   """The fastest of a few runs, in seconds. A compute-bound GPU kernel with more than TIMING_GROUPS work-groups runs on fewer (they
