@@ -381,3 +381,12 @@ def test_a_gpu_splits_the_long_reduce_of_a_weight_gradient(device):
   assert len(kernel_items(square @ square)) == 1  # 4M outputs fill the GPU as they are
   (a, g), (ta, tg) = realized_inputs((2048, 64), (2048, 256))
   np.testing.assert_allclose((ta.to(device).T @ tg.to(device)).numpy(), a.T @ g, rtol=1e-4, atol=1e-3)
+
+def test_contiguous_of_an_unrealized_value_is_stored(kernels):
+  (a, b), (ta, tb) = realized_inputs((16,), (32,))
+  # rule 5: without contiguous() the single reader recomputes a + 1 inside its reduce (one kernel); with it, a + 1 is stored first
+  shared = (ta + 1).contiguous()
+  out = (shared.reshape(16, 1) * tb.reshape(1, 32)).sum(0)
+  assert len(kernel_items(out)) == 2
+  np.testing.assert_allclose(out.numpy(), ((a + 1)[:, None] * b[None, :]).sum(0), rtol=1e-5)
+  assert len(kernel_items((ta * 2).contiguous())) == 1 and not kernel_items(ta.contiguous())

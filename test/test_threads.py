@@ -124,7 +124,7 @@ def test_the_program_cache_compiles_each_kernel_once_and_names_them_apart(tinyc_
 
 def test_a_value_shared_by_threads_is_computed_once(tinyc_device):
   array = np.arange(24, dtype=np.float32).reshape(6, 4)
-  shared = (Tensor(array) * 3).T.contiguous()  # a copy kernel (the contiguous() of a base itself is that base, fused into readers)
+  shared = (Tensor(array) * 3).T.contiguous()  # a kernel of its own (schedule.py rule 5)
   kernels_before = GlobalCounters.kernel_count
   results: dict[int, np.ndarray] = {}
   def work(number: int) -> None: results[number] = (shared + (number + 1)).numpy()

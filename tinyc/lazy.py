@@ -92,8 +92,9 @@ class LazyBuffer:
     return (dim, next((d for d in fits if outputs * d >= SPLIT_K_OUTPUTS), fits[-1])) if fits else None
 
   def contiguous(self) -> LazyBuffer:
-    """This value in its own contiguous memory (a copy kernel unless it already is a plain base)."""
-    if self._base is None and self.op is not LoadOps.CONST: return self
+    """This value in its own contiguous memory: a plain base that is stored anyway (a realized buffer, a load op) is itself; any other
+    value is stored by a kernel (schedule.py rule 5), which also keeps it out of its readers' kernels."""
+    if self._base is None and (self.realized is not None or (isinstance(self.op, LoadOps) and self.op is not LoadOps.CONST)): return self
     return LazyBuffer.loadop(LoadOps.CONTIGUOUS, self.shape, self.dtype, self.device, srcs=(self,))
 
   def assign(self, value: LazyBuffer) -> LazyBuffer:
