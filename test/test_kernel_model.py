@@ -6,6 +6,7 @@ import os, random
 from typing import Callable, cast
 import numpy as np
 import pytest
+from tinyc import Tensor
 from tinyc.device import Buffer, Device
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import prod
@@ -15,6 +16,7 @@ from tinyc.codegen.kernel import AxisKind, Kernel, KernelTarget
 from tinyc.codegen.linearizer import Linearizer
 from tinyc.codegen.uops import UOps
 from test_opt_fuzz import random_opts
+from test_kernel_opts import the_ast
 
 F32 = dtypes.float32
 
@@ -127,3 +129,13 @@ def test_local_memory_estimate_covers_what_the_code_defines(name):
     uops = Linearizer(kernel, threads=True).linearize()
     defined = sum(uop.arg.size * cast(DType, uop.dtype).itemsize for uop in uops if uop.op is UOps.DEFINE_LOCAL)
     assert defined <= kernel.local_memory_bytes, (kernel.applied_opts, defined, kernel.local_memory_bytes)
+
+def test_outer_launch_dimensions_stay_within_the_grid_limit(tinyc_device):
+  """A GPU launches at most 65535 work-groups along y and z (CUDA; NVIDIA's OpenCL alike): a kernel whose outer GLOBAL axes are
+  longer has them merged into fewer launch dimensions (Winograd's output-gradient transform: 147456 x 14 x 14 failed to launch)."""
+  data = np.arange(5 * 3 * 70000, dtype=np.float32).reshape(5, 3, 70000)
+  out = Tensor(data).permute(2, 1, 0) + 1  # (70000, 3, 5): no two axes merge, the longest is outermost
+  kernel = Kernel(the_ast(out), KernelTarget(has_local=True))
+  kernel.limit_global_dims(3)
+  assert all(kernel.full_shape[axis] <= 65535 for axis in kernel.axes(AxisKind.GLOBAL)[:-1]), kernel.full_shape
+  np.testing.assert_array_equal(out.numpy(), data.transpose(2, 1, 0) + 1)

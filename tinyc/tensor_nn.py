@@ -6,6 +6,7 @@ import math
 from typing import Any, Callable, Sequence
 from tinyc.dtype import DType, dtypes, least_upper_dtype
 from tinyc.helpers import flatten
+from tinyc.tensor_winograd import winograd_applies, winograd_conv2d, winograd_weight_grad
 
 def _pair(value: int | Sequence[int], count: int = 2) -> tuple[int, ...]:
   return (value,) * count if isinstance(value, int) else tuple(value)
@@ -72,7 +73,9 @@ class NNMixin:
       pooled = pooled.reshape(batch, groups, cin, 1, *out_dims, *kernel)
       pooled = pooled.expand(batch, groups, cin, per_group, *out_dims, *kernel)
       return pooled.permute(0, 1, 3, *[4 + i for i in range(nd)], 2, *[4 + nd + i for i in range(nd)])
+    winograd = winograd_applies(weight.shape, groups, strides, dilations, dtype)
     def forward(x: Any, w: Any) -> Any:
+      if winograd: return winograd_conv2d(x, w, pairs)
       # (16-bit operands channels-last for the tensor cores; the weight gradient reads the input as it is, its other operand is a gradient)
       weights = _channels_last(w, dtype).cast(_exact_products(dtype)).reshape(1, groups, per_group, *[1] * nd, cin, *kernel)
       product = windows(_channels_last(x, dtype)) * weights
@@ -83,9 +86,10 @@ class NNMixin:
       grad_pads = [((k - 1) * d - before, (k - 1) * d - after + span % s)
                    for k, d, (before, after), span, s in zip(kernel, dilations, pairs, spans, strides)]
       grad_x = grad._conv_transpose(w, groups, strides, dilations, grad_pads).cast(x.dtype) if self.requires_grad else None
+      if not weight.requires_grad: return grad_x, None
+      if winograd: return grad_x, winograd_weight_grad(x, grad, pairs)
       product = windows(x) * grad.cast(_exact_products(dtype)).reshape(batch, groups, per_group, *out_dims, *[1] * (1 + nd))
-      grad_w = product.sum((0, *range(3, 3 + nd))).reshape(weight.shape).cast(w.dtype) if weight.requires_grad else None
-      return grad_x, grad_w
+      return grad_x, product.sum((0, *range(3, 3 + nd))).reshape(weight.shape).cast(w.dtype)
     result = type(self)._composite(forward, backward, self, weight)
     return result if bias is None else result + bias.reshape(1, -1, *[1] * nd)
 

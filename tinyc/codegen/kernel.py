@@ -33,6 +33,8 @@ from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.shape.symbolic import AndNode, Node, Variable, sym_max
 from tinyc.shape.view import View
 
+MAX_OUTER_GROUPS = 65535  # work-groups a GPU launches along y and z (CUDA; NVIDIA's OpenCL alike)
+
 class Kernel:
   def __init__(self, ast: LazyOp, target: KernelTarget = CPU_TARGET) -> None:
     assert ast.op is BufferOps.SINK and all(store.op is BufferOps.STORE for store in ast.src), "a kernel's AST is a SINK of STOREs"
@@ -185,9 +187,14 @@ class Kernel:
     self._permute(sorted(range(self.shape_len), key=lambda axis: (LAYOUT_RANK[self.kinds[axis]], axis == moved, axis)))
 
   def limit_global_dims(self, limit: int) -> None:
-    """Merge the leading GLOBAL axes so at most `limit` remain (GPUs launch at most 3 dimensions of work-groups)."""
-    if len(self.axes(AxisKind.GLOBAL)) <= limit: return
-    merged = len(self.axes(AxisKind.GLOBAL)) - limit + 1
+    """Merge the leading GLOBAL axes so at most `limit` remain (GPUs launch at most 3 dimensions of work-groups), and fewer where an
+    outer one would be longer than MAX_OUTER_GROUPS (the innermost, x, takes up to 2^31 - 1)."""
+    sizes = [self.full_shape[axis] for axis in self.axes(AxisKind.GLOBAL)]
+    def outer(count: int) -> list[int | Node]: return [prod(sizes[:len(sizes) - count + 1])] + sizes[len(sizes) - count + 1:-1]
+    limit = min(limit, len(sizes))
+    while limit > 1 and any(isinstance(size, int) and size > MAX_OUTER_GROUPS for size in outer(limit)): limit -= 1
+    if len(sizes) <= limit: return
+    merged = len(sizes) - limit + 1
     if not all_int(self.full_shape[:merged]):
       raise NotImplementedError(f"a kernel of {self.full_shape} launches over more than {limit} dims, and a symbolic one is among those to merge")
     self._reshape(lambda shape: [prod(shape[:merged])] + list(shape[merged:]), range(merged - 1, self.shape_len))
