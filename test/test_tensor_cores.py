@@ -84,12 +84,22 @@ def test_the_heuristic_pads_odd_sizes_onto_tensor_cores():
 
 def test_the_weight_gradient_of_a_16_bit_conv_under_a_sum_reaches_tensor_cores():
   """The sum's gradient is ones: the conv's output gradient g * 1 must reach the kernel as the plain load g."""
-  x, w, g = (Tensor.rand(*shape, dtype=dtypes.float16).realize() for shape in ((2, 16, 8, 8), (32, 16, 3, 3), (2, 32, 8, 8)))
+  x, w, g = (Tensor.rand(*shape, dtype=dtypes.float16).realize() for shape in ((2, 32, 16, 16), (64, 32, 3, 3), (2, 64, 16, 16)))
   x.requires_grad = w.requires_grad = True
   (x.conv2d(w, padding=1) * g).sum().backward()
-  (item,) = [item for item in create_schedule([w.grad.lazydata]) if item.ast.op is not LoadOps.COPY]
-  assert (kernel := Kernel(item.ast, H200)).tensor_core_operands()
-  # but its operands run along the batch (K) and the channels (M, N) in NCHW, contiguous along neither: no tile copies of 16 bytes
+  # x and g are copied channels-last first (as the forward copies x): contiguous along M and N, 16-byte rows for the tiles
+  # (on a GPU device the product is split along the batch first, and a second kernel sums the parts)
+  kernels = [Kernel(item.ast, H200) for item in create_schedule([w.grad.lazydata]) if item.ast.op is not LoadOps.COPY]
+  assert len([kernel for kernel in kernels if not kernel.reduceops]) == 2
+  assert (products := [kernel for kernel in kernels if kernel.tensor_core_operands()])
+  assert all(OptOps.TC in [opt.op for opt in hand_coded_optimizations(product)] for product in products)
+  # read in NCHW, its operands run along the batch (K) and the channels (M, N), contiguous along neither: no 16-byte tile copies
+  # (scheduled for the CPU, which does not split it along the batch first)
+  x, g = Tensor.empty(2, 32, 16, 16, dtype=dtypes.float16, device="LLVM"), Tensor.empty(2, 64, 16, 16, dtype=dtypes.float16, device="LLVM")
+  windows = x.pad2d((1, 1, 1, 1))._pool((3, 3)).reshape(2, 1, 32, 16, 16, 3, 3).float()
+  schedule = create_schedule([(windows * g.reshape(2, 64, 1, 16, 16, 1, 1).float()).sum((0, 3, 4)).lazydata])
+  (nchw,) = [item for item in schedule if item.ast.op not in LoadOps]
+  assert (kernel := Kernel(nchw.ast, H200)).tensor_core_operands()
   assert OptOps.TC not in [opt.op for opt in hand_coded_optimizations(kernel)]
 
 def test_the_heuristic_gives_big_matmuls_2_x_4_warps():
@@ -159,3 +169,14 @@ def check_plans(shape: tuple[int, int, int], layout: str, dtype: DType) -> None:
     tolerance = {dtypes.bfloat16: 2 ** -7, dtypes.float16: 2 ** -10, dtypes.float32: 2 ** -9}[dtype]
     np.testing.assert_allclose(out.numpy().astype(np.float64).reshape(expected.shape), expected, rtol=tolerance,
                                atol=tolerance * np.abs(expected).max(), err_msg=f"{name} {shape} {dtype.name}")
+
+@pytest.mark.parametrize("size, columns_on_n", [(56, True), (28, True), (14, False)])
+def test_a_16_bit_conv_puts_its_columns_on_n_where_they_span_more_than_an_mma_tile(size, columns_on_n):
+  """The output's contiguous axis goes on N (padding aside): 56 columns, padded to 64, ran 98 TFLOP/s there against 51 with the
+  batch and the channels (H200, fp16 N64 C64); 14 columns, padded to 16, ran 93 against 140."""
+  x, w = (Tensor.empty(*shape, dtype=dtypes.float16, device="LLVM") for shape in ((8, 64, size, size), (64, 64, 3, 3)))
+  kernels = [Kernel(item.ast, H200) for item in create_schedule([x.conv2d(w, padding=1).lazydata]) if item.ast.op not in LoadOps]
+  (kernel,) = [kernel for kernel in kernels if kernel.reduceops]  # (after the channels-last copies)
+  columns = kernel.axes(AxisKind.GLOBAL)[-1]
+  if size % 16: kernel.apply_opt(Opt(OptOps.PADTO, columns, 16))
+  assert (kernel.tensor_core_choices()[0][1] == columns) == columns_on_n, kernel.tensor_core_choices()

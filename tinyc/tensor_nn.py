@@ -76,7 +76,7 @@ class NNMixin:
     winograd = winograd_applies(weight.shape, groups, strides, dilations, dtype)
     def forward(x: Any, w: Any) -> Any:
       if winograd: return winograd_conv2d(x, w, pairs)
-      # (16-bit operands channels-last for the tensor cores; the weight gradient reads the input as it is, its other operand is a gradient)
+      # (16-bit operands channels-last for the tensor cores, as in the weight gradient)
       weights = _channels_last(w, dtype).cast(_exact_products(dtype)).reshape(1, groups, per_group, *[1] * nd, cin, *kernel)
       product = windows(_channels_last(x, dtype)) * weights
       return product.sum(tuple(range(-1 - nd, 0))).reshape(batch, cout, *out_dims).cast(dtype)
@@ -88,7 +88,8 @@ class NNMixin:
       grad_x = grad._conv_transpose(w, groups, strides, dilations, grad_pads).cast(x.dtype) if self.requires_grad else None
       if not weight.requires_grad: return grad_x, None
       if winograd: return grad_x, winograd_weight_grad(x, grad, pairs)
-      product = windows(x) * grad.cast(_exact_products(dtype)).reshape(batch, groups, per_group, *out_dims, *[1] * (1 + nd))
+      product = windows(_channels_last(x, dtype)) * _channels_last(grad, dtype).cast(_exact_products(dtype)).reshape(
+        batch, groups, per_group, *out_dims, *[1] * (1 + nd))
       return grad_x, product.sum((0, *range(3, 3 + nd))).reshape(weight.shape).cast(w.dtype)
     result = type(self)._composite(forward, backward, self, weight)
     return result if bias is None else result + bias.reshape(1, -1, *[1] * nd)
