@@ -113,7 +113,7 @@ class Program:
   def __call__(self, buffers: list[Buffer], var_vals: dict[Variable, int] | None = None) -> None:
     started = time.perf_counter() if (profiling := profiler.enabled()) else 0.0
     args = [buf.opaque for buf in buffers]
-    global_size = self.global_size
+    global_size: tuple[int, ...] | None = self.global_size
     if self.vars:
       args += [(var_vals or {})[var] for var in self.vars]
       if global_size is not None: global_size = tuple(sym_infer(size, var_vals or {}) for size in global_size)

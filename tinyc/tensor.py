@@ -326,10 +326,11 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
   def __rpow__(self, other: Any) -> Tensor: return self.pow(other, True)
   def __matmul__(self, other: Tensor) -> Tensor: return self.matmul(other)
   def __rmatmul__(self, other: Tensor) -> Tensor: return other.matmul(self)
-  def __iadd__(self, other: Any) -> Tensor: return self.assign(self.add(other))
-  def __isub__(self, other: Any) -> Tensor: return self.assign(self.sub(other))
-  def __imul__(self, other: Any) -> Tensor: return self.assign(self.mul(other))
-  def __itruediv__(self, other: Any) -> Tensor: return self.assign(self.div(other))
+  # (mypy finds these unlike the operators, which are the methods with their `reverse` argument)
+  def __iadd__(self, other: Tensor | Scalar) -> Tensor: return self.assign(self.add(other))  # type: ignore[misc]
+  def __isub__(self, other: Tensor | Scalar) -> Tensor: return self.assign(self.sub(other))  # type: ignore[misc]
+  def __imul__(self, other: Tensor | Scalar) -> Tensor: return self.assign(self.mul(other))  # type: ignore[misc]
+  def __itruediv__(self, other: Tensor | Scalar) -> Tensor: return self.assign(self.div(other))  # type: ignore[misc]
   def __imatmul__(self, other: Tensor) -> Tensor: return self.assign(self.matmul(other))
 
   # ---- comparisons and logic (not differentiable) ----
