@@ -35,9 +35,9 @@ class Allocator:
     self.lock = GlobalCounters.lock
   def alloc(self, nbytes: int) -> Any:
     with self.lock:
-      if self.cache[nbytes]:
+      if blocks := self.cache.get(nbytes):
         GlobalCounters.mem_used += nbytes
-        return self.cache[nbytes].pop()
+        return blocks.pop()
     try: opaque = self._alloc(nbytes)
     except MemoryError:
       self.free_cache()
@@ -60,10 +60,11 @@ class Allocator:
 
 class Buffer:
   """`size` elements of `dtype` on `device`; the memory is taken when first needed and given back to the allocator on delete."""
+  __slots__ = ("device", "size", "dtype", "allocator", "_opaque")  # (every eager realize makes one)
   def __init__(self, device: str, size: int, dtype: DType) -> None:
+    self._opaque: Any = None  # first: __del__ reads it, also after Device[device] raised
     self.device, self.size, self.dtype = device, size, dtype
     self.allocator = Device[device].allocator
-    self._opaque: Any = None
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
   @property
@@ -71,7 +72,7 @@ class Buffer:
     if self._opaque is None: self._opaque = self.allocator.alloc(self.size * self.dtype.itemsize)
     return self._opaque
   def __del__(self) -> None:
-    if getattr(self, "_opaque", None) is not None: self.allocator.free(self._opaque, self.size * self.dtype.itemsize)
+    if self._opaque is not None: self.allocator.free(self._opaque, self.size * self.dtype.itemsize)
   def __repr__(self) -> str: return f"<Buffer {self.device} {self.size} {self.dtype.name}>"
   def copyin(self, data: np.ndarray) -> Buffer:
     assert data.nbytes == self.nbytes, f"copyin of {data.nbytes} bytes into a buffer of {self.nbytes}"
@@ -111,12 +112,17 @@ class Program:
   vars: tuple[Variable, ...] = ()
   def __call__(self, buffers: list[Buffer], var_vals: dict[Variable, int] | None = None) -> None:
     started = time.perf_counter() if (profiling := profiler.enabled()) else 0.0
-    values = [(var_vals or {})[var] for var in self.vars] if self.vars else []
-    global_size = self.global_size if not self.vars or self.global_size is None else \
-      tuple(sym_infer(size, var_vals or {}) for size in self.global_size)
-    seconds = self.run(*[buf.opaque for buf in buffers], *values, global_size=global_size, local_size=self.local_size,
-                       wait=profiling or DEBUG >= 2)
-    GlobalCounters.add(1, self.flops, self.mem_bytes, seconds or 0.0)
+    args = [buf.opaque for buf in buffers]
+    global_size: tuple[int, ...] | None = self.global_size
+    if self.vars:
+      args += [(var_vals or {})[var] for var in self.vars]
+      if global_size is not None: global_size = tuple(sym_infer(size, var_vals or {}) for size in global_size)
+    seconds = self.run(*args, global_size=global_size, local_size=self.local_size, wait=profiling or DEBUG >= 2)
+    with GlobalCounters.lock:  # (GlobalCounters.add inlined: every eager realize launches)
+      GlobalCounters.kernel_count += 1
+      GlobalCounters.global_ops += self.flops
+      GlobalCounters.global_mem += self.mem_bytes
+      if seconds is not None: GlobalCounters.time_sum_s += seconds
     if seconds is not None:
       if profiling:
         profiler.record(self.name, "kernel", started, seconds, self.device, flops=self.flops, bytes=self.mem_bytes, peaks=Device[self.device].peaks)
@@ -201,7 +207,7 @@ class Compiled:
 
   @staticmethod
   def _memory_key(ast: LazyOp, opts: tuple[Opt, ...] | None) -> tuple[LazyOp, tuple[Opt, ...] | None, bool, bool]:
-    return (ast, opts, bool(ALLOW_TF32), bool(NOOPT))  # the settings that change what the same Opts compile to (CODEGEN_SETTINGS)
+    return (ast, opts, bool(ALLOW_TF32.value), bool(NOOPT.value))  # the settings that change what the same Opts compile to (CODEGEN_SETTINGS)
 
   def program_key(self, ast: LazyOp, opts: tuple[Opt, ...] | None) -> str:
     """The disk cache's key of a program: the kernel, its Opts, the device and compiler, the settings that change code, tinyc's code."""

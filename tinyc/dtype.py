@@ -109,7 +109,6 @@ def least_upper_float(dtype: DType) -> DType:
 
 def result_dtype_with_scalar(dtype: DType, scalar: Any) -> DType:
   """PyTorch: a Python scalar does not upcast a tensor within a category, only across (int tensor + 1.5 -> float)."""
-  if isinstance(scalar, bool) or dtype == dtypes.bool and not isinstance(scalar, (int, float)): return dtype
-  if isinstance(scalar, float) and not dtypes.is_float(dtype): return dtypes.default_float
-  if isinstance(scalar, int) and not isinstance(scalar, bool) and dtype == dtypes.bool: return dtypes.default_int
-  return dtype
+  if isinstance(scalar, bool) or dtypes.is_float(dtype): return dtype
+  if isinstance(scalar, float): return dtypes.default_float
+  return dtypes.default_int if isinstance(scalar, int) and dtype == dtypes.bool else dtype

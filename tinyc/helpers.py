@@ -100,16 +100,18 @@ CHECK_INDEX = ContextVar("CHECK_INDEX", 1)  # 0: index tensors are not checked f
 class ThreadRecorder(Generic[T]):
   """Nested per-thread recordings: inside `with recorder.record() as items:`, everything this thread passes to `note` lands in items
   (TinyJit records a step's kernels and index checks this way, so other threads' work stays out)."""
-  def __init__(self) -> None: self._local = threading.local()
+  class _Local(threading.local):
+    stack: list[list[Any]] | tuple[()] = ()  # this thread's recordings, innermost last (a class default: getattr's miss raises inside)
+  def __init__(self) -> None: self._local = ThreadRecorder._Local()
   @contextlib.contextmanager
   def record(self) -> Iterator[list[T]]:
-    stack: list[list[T]] = self._local.__dict__.setdefault("stack", [])
+    stack: list[list[T]] = self._local.__dict__.setdefault("stack", [])  # (this thread's own)
     items: list[T] = []
     stack.append(items)
     try: yield items
     finally: stack.pop()
   def note(self, item: T) -> None:
-    if (stack := getattr(self._local, "stack", None)): stack[-1].append(item)
+    if (stack := self._local.stack): stack[-1].append(item)
 
 class GlobalCounters:
   """What the realizes since the last reset() ran: kernels, FLOPs, bytes moved, seconds spent in kernels. Totals of the process:

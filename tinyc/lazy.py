@@ -13,6 +13,7 @@ from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.device import Buffer, Device
 
 class LazyBuffer:
+  __slots__ = ("device", "st", "dtype", "shape", "_base", "op", "arg", "srcs", "realized", "__weakref__")  # every eager op makes one or two
   def __init__(self, device: str, st: ShapeTracker, dtype: DType, op: Op | None = None, arg: Any = None,
                srcs: tuple[LazyBuffer, ...] = (), base: LazyBuffer | None = None) -> None:
     self.device, self.st, self.dtype, self.shape = device, st, dtype, st.shape
@@ -45,7 +46,7 @@ class LazyBuffer:
   @staticmethod
   def scalar(value: Any, dtype: DType, device: str, shape: tuple[int, ...] = ()) -> LazyBuffer:
     """A constant `value` broadcast to `shape`: one view of a CONST base (an operand of every `x + 1`)."""
-    base = LazyBuffer.loadop(LoadOps.CONST, (), dtype, device, arg=value)
+    base = LazyBuffer(device, _SCALAR, dtype, LoadOps.CONST, value)
     return LazyBuffer(device, _scalar_view(shape), dtype, base=base) if shape else base
 
   def is_unrealized_const(self) -> bool: return self.base.realized is None and self.base.op is LoadOps.CONST
@@ -55,9 +56,10 @@ class LazyBuffer:
     operands = (self,) + srcs
     for src in srcs: assert src.shape == self.shape, f"elementwise {op} needs equal shapes, got {[x.shape for x in operands]}"
     if op is UnaryOps.CAST or op is UnaryOps.BITCAST: dtype = arg
-    elif op in (BinaryOps.CMPLT, BinaryOps.CMPEQ): dtype = dtypes.bool
+    elif op is BinaryOps.CMPLT or op is BinaryOps.CMPEQ: dtype = dtypes.bool
     else: dtype = operands[-1].dtype
-    return LazyBuffer(self.device, ShapeTracker.from_shape(self.shape), dtype, op, arg, operands)
+    st = self.st if self._base is None else ShapeTracker.from_shape(self.shape)  # (a base's tracker is from_shape(its shape))
+    return LazyBuffer(self.device, st, dtype, op, arg, operands)
 
   def cast(self, dtype: DType, bitcast: bool = False) -> LazyBuffer:
     if dtype == self.dtype: return self
@@ -120,6 +122,7 @@ class LazyBuffer:
     return self if all(b == (0, s) for b, s in zip(bounds, self.shape)) else self._view(self.st.shrink(bounds))
   def stride(self, steps: tuple[int, ...]) -> LazyBuffer: return self if all(s == 1 for s in steps) else self._view(self.st.stride(steps))
 
+_SCALAR = ShapeTracker.from_shape(())
 @functools.lru_cache(maxsize=None)
 def _scalar_view(shape: tuple[int, ...]) -> ShapeTracker: return ShapeTracker.from_shape(()).reshape((1,) * len(shape)).expand(shape)
 

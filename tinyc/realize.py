@@ -13,7 +13,7 @@ from tinyc.helpers import BEAM, DEBUG, PARALLEL_BUILD, GlobalCounters, ThreadRec
 from tinyc.ops import LazyOp, LoadOps, ScheduleItem, unbind_ast
 from tinyc.shape.symbolic import Variable, sym_max
 from tinyc.codegen.kernel import Opt
-from tinyc.device import Buffer, Device, Program, copy_buffer
+from tinyc.device import Buffer, Compiled, Device, Program, copy_buffer
 from tinyc.beam import beam_opts
 from tinyc.lazy import LazyBuffer
 from tinyc.schedule import create_schedule
@@ -78,12 +78,12 @@ def _output_buffer(out: LazyBuffer) -> Buffer:
 def program_for(ast: LazyOp, device_name: str, symbolic: bool = False) -> Program:
   """The kernel's program: with BEAM=n the Opts a search on the device chose (cached), else the hand-coded heuristic's. BEAM does not
   search a kernel with symbolic sizes (its timings would hold for one value of them): it gets the heuristic's Opts."""
-  return Device[device_name].get_program(ast, None if symbolic else _opts(ast, device_name))
-
-def _opts(ast: LazyOp, device_name: str) -> tuple[Opt, ...] | None:
-  """With BEAM=n the Opts a search on the device chose (cached), else None: the hand-coded heuristic's."""
   device = Device[device_name]
-  return beam_opts(device, ast) if BEAM >= 1 and device.compile_binary is not None else None
+  return device.get_program(ast, None if symbolic else _opts(ast, device))
+
+def _opts(ast: LazyOp, device: Compiled) -> tuple[Opt, ...] | None:
+  """With BEAM=n the Opts a search on the device chose (cached), else None: the hand-coded heuristic's."""
+  return beam_opts(device, ast) if BEAM.value >= 1 and device.compile_binary is not None else None
 
 def _build_all(schedule: list[ScheduleItem]) -> None:
   """Build the schedule's new kernels at once, each device's in worker processes, before the first runs (Compiled.build_all). A
@@ -93,7 +93,7 @@ def _build_all(schedule: list[ScheduleItem]) -> None:
   for item in schedule:
     if item.ast.op in (LoadOps.COPY, LoadOps.EMPTY): continue
     ast, var_vals = unbind_ast(item.ast)
-    kernels.setdefault(device := item.outs[0].device, []).append((ast, None if var_vals else _opts(ast, device)))
+    kernels.setdefault(device := item.outs[0].device, []).append((ast, None if var_vals else _opts(ast, Device[device])))
   for device_name, asts in kernels.items(): Device[device_name].build_all(asts)
 
 def _run(step: Callable[[list[Buffer], dict[Variable, int]], None], buffers: list[Buffer | None], var_vals: dict[Variable, int]) -> None:

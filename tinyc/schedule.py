@@ -300,7 +300,7 @@ _plans: dict[tuple, list[tuple[LazyOp, tuple[int, ...], tuple[int, ...]]]] = {} 
 def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   """The kernels that compute `outs`, in an order where each runs after the kernels it reads. A graph of a structure scheduled
   before (the same ops, args, views, dtypes and devices, realized inputs aliased alike; not the data) reuses that plan."""
-  targets = [out.base for out in outs if out.base.realized is None]
+  targets = [base for out in outs if (base := out._base or out).realized is None]  # (the base inlined: the property is a call)
   if not targets: return []
   if DEBUG >= 3: return _schedule(targets)  # the decisions are printed as they are made
   started = time.perf_counter() if (profiling := profiler.enabled()) else 0.0
@@ -311,7 +311,8 @@ def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
     plan = [(item.ast, tuple(position[out] for out in item.outs), tuple(position[src] for src in item.inputs)) for item in _schedule(targets)]
     _plans[key] = plan
     if len(_plans) > PLANS_KEPT: del _plans[next(iter(_plans))]
-  items = [ScheduleItem(ast, tuple([bases[i] for i in outs]), tuple([bases[i] for i in inputs])) for ast, outs, inputs in plan]
+  at = bases.__getitem__  # (map over a bound method: no frame for each item, as a comprehension would make)
+  items = [ScheduleItem(ast, tuple(map(at, outs)), tuple(map(at, inputs))) for ast, outs, inputs in plan]
   if profiling: profiler.record("schedule", "schedule", started, time.perf_counter() - started, kernels=len(items), reused_plan=reused)
   return items
 

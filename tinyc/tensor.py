@@ -210,10 +210,11 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
     """Both operands cast to their promoted dtype (PyTorch's rules) and expanded to the broadcast shape."""
     if not isinstance(other, Tensor):
       if not isinstance(other, (int, float, bool)): raise TypeError(f"unsupported operand type {type(other).__name__} for a Tensor op")
-      x = self.cast(dtype or result_dtype_with_scalar(self.dtype, other))
+      mine = self.lazydata
+      x = self if (dtype := dtype or result_dtype_with_scalar(mine.dtype, other)) is mine.dtype else self.cast(dtype)
       # a constant in x's shape at once (no Tensor ops to record), not Tensor(other, dtype=...), which refuses an int that does not
       # fit: an operand keeps its value as C reads it
-      y = Tensor(LazyBuffer.scalar(_cast_scalar(other, x.dtype), x.dtype, x.device, x.shape))
+      y = Tensor(LazyBuffer.scalar(_cast_scalar(other, dtype), dtype, mine.device, mine.shape))
       return (y, x) if reverse else (x, y)
     mine, theirs = self.lazydata, other.lazydata
     if mine.shape == theirs.shape and mine.dtype == theirs.dtype and (dtype is None or dtype == mine.dtype) and mine.device == theirs.device:
@@ -309,26 +310,27 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
     return result
 
   def __neg__(self) -> Tensor: return Tensor._apply(F.Neg, self) if self.dtype != dtypes.bool else self.logical_not()
-  def __add__(self, other: Any) -> Tensor: return self.add(other)
+  __add__ = add  # (the method itself: one call fewer for every operator)
   def __radd__(self, other: Any) -> Tensor: return self.add(other, True)
-  def __sub__(self, other: Any) -> Tensor: return self.sub(other)
+  __sub__ = sub
   def __rsub__(self, other: Any) -> Tensor: return self.sub(other, True)
-  def __mul__(self, other: Any) -> Tensor: return self.mul(other)
+  __mul__ = mul
   def __rmul__(self, other: Any) -> Tensor: return self.mul(other, True)
-  def __truediv__(self, other: Any) -> Tensor: return self.div(other)
+  __truediv__ = div
   def __rtruediv__(self, other: Any) -> Tensor: return self.div(other, True)
-  def __floordiv__(self, other: Any) -> Tensor: return self.floordiv(other)
+  __floordiv__ = floordiv
   def __rfloordiv__(self, other: Any) -> Tensor: return self.floordiv(other, True)
-  def __mod__(self, other: Any) -> Tensor: return self.mod(other)
+  __mod__ = mod
   def __rmod__(self, other: Any) -> Tensor: return self.mod(other, True)
-  def __pow__(self, other: Any) -> Tensor: return self.pow(other)
+  __pow__ = pow
   def __rpow__(self, other: Any) -> Tensor: return self.pow(other, True)
   def __matmul__(self, other: Tensor) -> Tensor: return self.matmul(other)
   def __rmatmul__(self, other: Tensor) -> Tensor: return other.matmul(self)
-  def __iadd__(self, other: Any) -> Tensor: return self.assign(self.add(other))
-  def __isub__(self, other: Any) -> Tensor: return self.assign(self.sub(other))
-  def __imul__(self, other: Any) -> Tensor: return self.assign(self.mul(other))
-  def __itruediv__(self, other: Any) -> Tensor: return self.assign(self.div(other))
+  # (mypy finds these unlike the operators, which are the methods with their `reverse` argument)
+  def __iadd__(self, other: Tensor | Scalar) -> Tensor: return self.assign(self.add(other))  # type: ignore[misc]
+  def __isub__(self, other: Tensor | Scalar) -> Tensor: return self.assign(self.sub(other))  # type: ignore[misc]
+  def __imul__(self, other: Tensor | Scalar) -> Tensor: return self.assign(self.mul(other))  # type: ignore[misc]
+  def __itruediv__(self, other: Tensor | Scalar) -> Tensor: return self.assign(self.div(other))  # type: ignore[misc]
   def __imatmul__(self, other: Tensor) -> Tensor: return self.assign(self.matmul(other))
 
   # ---- comparisons and logic (not differentiable) ----
@@ -433,6 +435,5 @@ def _overflow(dtype: DType, inferred: bool) -> Exception:
   return RuntimeError(f"value cannot be converted to type {dtype.name} without overflow")
 
 def _cast_scalar(value: Scalar, dtype: DType) -> Scalar:
-  if dtype == dtypes.bool: return bool(value)
   if dtypes.is_float(dtype): return float(value)
-  return int(value)
+  return bool(value) if dtype == dtypes.bool else int(value)

@@ -21,13 +21,14 @@ from tinyc.codegen.kernel import KernelTarget
 from tinyc.codegen.llvmir import LLVMLITE_LOCK, render_llvm
 
 class HostMemory:
-  """A block of CPU memory: a numpy byte array (64-byte aligned, for aligned vector loads) and its address for ctypes."""
-  __slots__ = ("array", "pointer")
+  """A block of CPU memory: a numpy byte array (64-byte aligned, for aligned vector loads) and its address, which ctypes passes for it
+  (`_as_parameter_`: a kernel is called with the HostMemory objects themselves, with no list of pointers made for each call)."""
+  __slots__ = ("array", "_as_parameter_")
   def __init__(self, nbytes: int) -> None:
     raw = np.empty(nbytes + 64, dtype=np.uint8)
     start = (-raw.ctypes.data) % 64
     self.array = raw[start:start + nbytes]
-    self.pointer = ctypes.c_void_p(raw.ctypes.data + start)
+    self._as_parameter_ = ctypes.c_void_p(raw.ctypes.data + start)
 
 class HostAllocator(Allocator):
   def _alloc(self, nbytes: int) -> HostMemory:
@@ -89,16 +90,15 @@ class LLVMCompiler:
       return make_runner(self.cache[source])
 
 def make_runner(address: int) -> Callable[..., float | None]:
-  function = ctypes.CFUNCTYPE(None)(address)  # no argtypes: each call passes c_void_p pointers (and c_int64 bounds) as they are
+  function = ctypes.CFUNCTYPE(None)(address)  # no argtypes: a HostMemory passes its pointer, an int a C int (and c_int64 bounds as they are)
   def run(*args: HostMemory | int, global_size: tuple[int, int, int] | None = None, local_size: tuple[int, int, int] | None = None,
           wait: bool = False) -> float | None:
     """args: the buffers, then the values of the kernel's Variables. For a kernel split across threads (it takes [start, end) of its
     outermost global loop after those), global_size[0] is that loop's trips and local_size[0] the fewest of them worth a thread; None
     for one that runs on one thread (see codegen/cpu_split.py)."""
     started = time.perf_counter() if wait else 0.0
-    pointers = [ctypes.c_int32(arg) if isinstance(arg, int) else arg.pointer for arg in args]
-    if global_size is None: function(*pointers)
-    else: run_ranges(function, pointers, split_range(global_size[0], (local_size or global_size)[0], cpu_threads()))
+    if global_size is None: function(*args)
+    else: run_ranges(function, list(args), split_range(global_size[0], (local_size or global_size)[0], cpu_threads()))
     return time.perf_counter() - started if wait else None
   return run
 
