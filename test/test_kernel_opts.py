@@ -394,14 +394,15 @@ def test_heuristic_gives_a_conv_64_accumulators_a_thread_on_a_gpu():
   hand_coded_optimizations(kernel)
   assert kernel.size_of(U) == 16, kernel.applied_opts
 
-def test_heuristic_puts_a_16_bit_conv_on_4_warps_of_tensor_cores_without_padding():
+def test_heuristic_puts_a_16_bit_conv_on_4_warps_of_tensor_cores_padding_only_its_columns():
   x, w = Tensor.empty(64, 64, 56, 56, dtype=dtypes.float16), Tensor.empty(64, 64, 3, 3, dtype=dtypes.float16)
   h200 = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST, tensor_cores=True, local_memory_bytes=227 * 1024)
   kernel = Kernel(kernel_asts(x.conv2d(w, padding=1))[-1], h200)  # (after the copies of x and w channels-last)
   ops = [opt.op for opt in hand_coded_optimizations(kernel)]
-  # M: the 64 output channels, N: the 56 columns (7 tiles of 8); the rows are not padded to whole tiles with them (work thrown
-  # away), and give the 4 warps
-  assert OptOps.TC in ops and OptOps.PADTO not in ops and kernel.local_size == 4 * 32, kernel.applied_opts
+  # M: the 64 output channels, N: the 56 columns padded to 64 (the output's contiguous axis); the rows are not padded to whole
+  # tiles with them (work thrown away), and give the 4 warps
+  assert kernel.applied_opts[:2] == [Opt(OptOps.PADTO, 3, 64), Opt(OptOps.TC, 0, 3)] and ops.count(OptOps.PADTO) == 1, kernel.applied_opts
+  assert kernel.local_size == 4 * 32, kernel.applied_opts
 
 def test_heuristic_fills_a_conv_weight_gradients_work_group_to_a_warp_with_a_group():
   x, w = Tensor.empty(8, 64, 28, 28), Tensor.empty(64, 64, 3, 3)
