@@ -9,6 +9,12 @@ from tinyc.ops import LoadOps
 from tinyc.schedule import create_schedule
 from tinyc.codegen.kernel import Kernel, KernelTarget, Opt, OptOps, GPU_MAX_UPCAST
 from tinyc.codegen.heuristic import hand_coded_optimizations
+from tinyc import tensor_winograd
+
+@pytest.fixture(autouse=True)
+def small_convs_too(monkeypatch):
+  """These convs are small, for speed: below WINOGRAD_MIN_PRODUCTS they would run directly (test_a_small_conv_runs_directly)."""
+  monkeypatch.setattr(tensor_winograd, "WINOGRAD_MIN_PRODUCTS", 0)
 
 def conv_and_grads(x_shape, w_shape, padding, winograd=1, seed=0):
   rng = np.random.default_rng(seed)
@@ -77,3 +83,19 @@ def test_winograd_conv_in_a_train_step_counts_its_kernels():
   assert w.grad is not None
   # the weight gradient: the input's transform again, the output gradient's, 36 matmuls, the transform back to 3x3
   assert len(kernel_asts(w.grad)) == 4
+
+def test_the_transforms_of_a_constant_gradient_upcast_their_pieces_whole():
+  x, w = Tensor.empty(2, 16, 12, 12), Tensor.empty(32, 16, 3, 3)
+  x.requires_grad = w.requires_grad = True
+  x.conv2d(w, padding=1).sum().backward()  # the output's gradient is a constant, masked by the transforms' stacks
+  for grad in (x.grad, w.grad):
+    kernels = [Kernel(ast, KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST)) for ast in kernel_asts(grad)]
+    for kernel in [kernel for kernel in kernels if not kernel.reduceops]:
+      opts = hand_coded_optimizations(kernel)
+      assert [(opt.op, opt.amount) for opt in opts[:2]] == [(OptOps.UPCAST, 0)] * 2, (kernel.full_shape, opts)
+
+def test_a_small_conv_runs_directly(monkeypatch):
+  monkeypatch.undo()
+  small, large = Tensor.empty(1, 16, 8, 8), Tensor.empty(8, 64, 28, 28)  # 2.4M products against 231M
+  assert len(kernel_asts(small.conv2d(Tensor.empty(16, 16, 3, 3), padding=1))) == 1
+  assert len(kernel_asts(large.conv2d(Tensor.empty(64, 64, 3, 3), padding=1))) == 4

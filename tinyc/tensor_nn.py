@@ -73,7 +73,7 @@ class NNMixin:
       pooled = pooled.reshape(batch, groups, cin, 1, *out_dims, *kernel)
       pooled = pooled.expand(batch, groups, cin, per_group, *out_dims, *kernel)
       return pooled.permute(0, 1, 3, *[4 + i for i in range(nd)], 2, *[4 + nd + i for i in range(nd)])
-    winograd = winograd_applies(weight.shape, groups, strides, dilations, dtype)
+    winograd = winograd_applies(self.shape, weight.shape, groups, strides, dilations, dtype)
     def forward(x: Any, w: Any) -> Any:
       if winograd: return winograd_conv2d(x, w, pairs)
       # (16-bit operands channels-last for the tensor cores, as in the weight gradient)

@@ -40,21 +40,22 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   sizes, which a symbolic axis does not have)."""
   if NOOPT or not all_int(kernel.full_shape): return []
   inputs = [i for i, buf in enumerate(kernel.bufs) if isinstance(buf, MemBuffer) and buf.idx != 0]
-  if not kernel.axes(AxisKind.REDUCE): _upcast_pieces(kernel, inputs)
+  if not kernel.axes(AxisKind.REDUCE): _upcast_pieces(kernel)
   if kernel.target.has_local: _gpu_optimizations(kernel, inputs)
   elif kernel.axes(AxisKind.REDUCE): _cpu_optimizations(kernel, inputs)  # (elementwise loops are vectorized by LLVM as they are)
   return kernel.applied_opts
 
 PIECE_LANES = 49  # lanes of small masked axes upcast whole: Winograd's 6 x 6 transform tiles (36), each lane a different sum
 
-def _upcast_pieces(kernel: Kernel, inputs: list[int]) -> None:
-  """An elementwise kernel's small axes along which an input is masked, leading ones first, upcast whole up to PIECE_LANES lanes: along a cat
-  or stack every element is a different expression, each behind its own mask, so a loop over such an axis computes every piece
-  and keeps one; upcast, each lane's masks are decided when the kernel is built and it computes only its own piece."""
+def _upcast_pieces(kernel: Kernel) -> None:
+  """An elementwise kernel's small axes along which an input (a constant too) is masked, leading ones first, upcast whole up to
+  PIECE_LANES lanes: along a cat or stack every element is a different expression, each behind its own mask, so a loop over such
+  an axis computes every piece and keeps one; upcast, each lane's masks are decided when the kernel is built and it computes only
+  its own piece."""
   pieces: list[int] = []
   for axis in kernel.axes(AxisKind.GLOBAL):
     size = kernel.full_shape[axis]
-    if size <= 7 and prod(kernel.full_shape[a] for a in pieces) * size <= PIECE_LANES and any(kernel.sts[i].axis_is_masked(axis) for i in inputs):
+    if size <= 7 and prod(kernel.full_shape[a] for a in pieces) * size <= PIECE_LANES and any(st.axis_is_masked(axis) for st in kernel.sts):
       pieces.append(axis)
   for axis in reversed(pieces): _try(kernel, Opt(OptOps.UPCAST, axis, 0))  # the last first: the axes before it keep their numbers
 
