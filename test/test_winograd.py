@@ -99,3 +99,13 @@ def test_a_small_conv_runs_directly(monkeypatch):
   small, large = Tensor.empty(1, 16, 8, 8), Tensor.empty(8, 64, 28, 28)  # 2.4M products against 231M
   assert len(kernel_asts(small.conv2d(Tensor.empty(16, 16, 3, 3), padding=1))) == 1
   assert len(kernel_asts(large.conv2d(Tensor.empty(64, 64, 3, 3), padding=1))) == 4
+
+def test_a_16_bit_input_with_a_float32_kernel_transforms_in_float32():
+  rng = np.random.default_rng(1)
+  x, w = rng.standard_normal((2, 16, 8, 8)).astype(np.float16), rng.standard_normal((16, 16, 3, 3), dtype=np.float32)
+  ours_x, ours_w = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+  out = ours_x.conv2d(ours_w, padding=1)
+  out.sum().backward()
+  expected = torch.nn.functional.conv2d(torch.tensor(x, dtype=torch.float32), torch.tensor(w), padding=1).numpy()
+  assert out.dtype == dtypes.float32 and ours_w.grad is not None and ours_w.grad.dtype == dtypes.float32
+  np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=3e-5 * np.abs(expected).max())

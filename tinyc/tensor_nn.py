@@ -75,7 +75,7 @@ class NNMixin:
       return pooled.permute(0, 1, 3, *[4 + i for i in range(nd)], 2, *[4 + nd + i for i in range(nd)])
     winograd = winograd_applies(self.shape, weight.shape, groups, strides, dilations, dtype)
     def forward(x: Any, w: Any) -> Any:
-      if winograd: return winograd_conv2d(x, w, pairs)
+      if winograd: return winograd_conv2d(x.cast(dtype), w.cast(dtype), pairs)  # (one operand may be 16-bit: the transforms run in float32)
       # (16-bit operands channels-last for the tensor cores, as in the weight gradient)
       weights = _channels_last(w, dtype).cast(_exact_products(dtype)).reshape(1, groups, per_group, *[1] * nd, cin, *kernel)
       product = windows(_channels_last(x, dtype)) * weights
@@ -87,7 +87,7 @@ class NNMixin:
                    for k, d, (before, after), span, s in zip(kernel, dilations, pairs, spans, strides)]
       grad_x = grad._conv_transpose(w, groups, strides, dilations, grad_pads).cast(x.dtype) if self.requires_grad else None
       if not weight.requires_grad: return grad_x, None
-      if winograd: return grad_x, winograd_weight_grad(x, grad, pairs)
+      if winograd: return grad_x, winograd_weight_grad(x.cast(dtype), grad.cast(dtype), pairs).cast(w.dtype)
       product = windows(_channels_last(x, dtype)) * _channels_last(grad, dtype).cast(_exact_products(dtype)).reshape(
         batch, groups, per_group, *out_dims, *[1] * (1 + nd))
       return grad_x, product.sum((0, *range(3, 3 + nd))).reshape(weight.shape).cast(w.dtype)
