@@ -404,6 +404,20 @@ def test_heuristic_puts_a_16_bit_conv_on_4_warps_of_tensor_cores_padding_only_it
   assert kernel.applied_opts[:2] == [Opt(OptOps.PADTO, 3, 64), Opt(OptOps.TC, 0, 3)] and ops.count(OptOps.PADTO) == 1, kernel.applied_opts
   assert kernel.local_size == 4 * 32, kernel.applied_opts
 
+@pytest.mark.parametrize("m, n, k, n_upcast, n_warps, n_padded", [
+  (4096, 4096, 4096, 8, 4, 4096),  # 512 work-groups of 128 x 256: 3.9 waves of one an SM
+  (3000, 3000, 3000, 6, 4, 3072),  # 128 x 256: 288 work-groups, 2.2 waves (the third mostly idle); 128 x 192: 384, 2.9 waves
+  (2560, 1536, 3584, 8, 4, 1536),  # 120 work-groups of 128 x 256 fit one wave (128 x 128: 240 work-groups, two an SM, ran slower)
+  (1920, 2880, 4096, 6, 4, 2880),  # 2880 is 15 x 192, and 128 x 256 would pad it to 3072
+  (1024, 1024, 256, 8, 2, 1024)])  # 64 work-groups of 128 x 128 keep twice the SMs busy of 32 of 128 x 256
+def test_heuristic_picks_the_tensor_core_tile_along_n_by_its_waves(m, n, k, n_upcast, n_warps, n_padded):
+  h200 = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST, tensor_cores=True, local_memory_bytes=227 * 1024, compute_units=132)
+  kernel = Kernel(the_ast(Tensor.empty(m, k, dtype=dtypes.float16) @ Tensor.empty(k, n, dtype=dtypes.float16)), h200)
+  opts = hand_coded_optimizations(kernel)
+  assert Opt(OptOps.UPCAST, 1, n_upcast) in opts and Opt(OptOps.LOCAL, 1, n_warps) in opts, opts
+  pads_n = [opt for opt in opts if opt.op is OptOps.PADTO and opt.axis == 1]
+  assert pads_n == ([Opt(OptOps.PADTO, 1, 8 * n_upcast * n_warps)] if n_padded != n else []), opts
+
 def test_heuristic_fills_a_conv_weight_gradients_work_group_to_a_warp_with_a_group():
   x, w = Tensor.empty(8, 64, 28, 28), Tensor.empty(64, 64, 3, 3)
   w.requires_grad = True
@@ -421,6 +435,12 @@ def test_heuristic_groups_a_long_row_sum_on_a_gpu():
 def test_heuristic_upcasts_an_elementwise_kernel_by_4_on_a_gpu():
   kernel, _ = heuristic(Tensor.empty(64, 64) * 2 + 1)
   assert kernel.applied_opts == [Opt(OptOps.UPCAST, 0, 4)] and kernel.upcast_size == 4
+
+def test_heuristic_treats_a_short_reduce_without_reuse_as_elementwise_on_a_gpu():
+  # the second kernel of a split-K matmul: each output sums its own 4 parts; work-groups of 16 threads ran it at 420 GB/s on the H200
+  parts = Tensor.empty(4, 768, 3072).sum(0)
+  kernel, _ = heuristic(parts)
+  assert kernel.applied_opts == [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 0)] and kernel.local_size == 1
 
 def test_heuristic_with_noopt_applies_nothing():
   matmul = Tensor.empty(4096, 4096) @ Tensor.empty(4096, 4096)

@@ -116,6 +116,7 @@ PLANS = {
   "upcast_pairs_warps": [Opt(OptOps.TC, 0, 4), Opt(OptOps.UPCAST, 1, 2), Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.LOCAL, 0, 2)],
   "other_choice": [Opt(OptOps.TC, 1, 0), Opt(OptOps.UPCAST, 0, 2)],
   "three_warps": [Opt(OptOps.TC, 0, 3), Opt(OptOps.LOCAL, 1, 3)],  # 96 threads: the last turn of each tile's copies leaves some out
+  "six_n_tiles": [Opt(OptOps.TC, 0, 3), Opt(OptOps.UPCAST, 1, 6), Opt(OptOps.LOCAL, 0, 2)],  # a warp's 48 columns (the heuristic's 128 x 192)
 }
 
 def apply_plan(kernel: Kernel, plan: list[Opt] | None) -> list[Opt]:

@@ -127,6 +127,11 @@ def _gpu_optimizations(kernel: Kernel, inputs: list[int]) -> None:
     # then a short loop left over is unrolled whole: its loads all go out at once (the H200 sum of 64M: 94% of copy against 91%)
     if (loops := kernel.axes(AxisKind.REDUCE)) and kernel.full_shape[loops[-1]] <= 16: _try(kernel, Opt(OptOps.UNROLL, len(loops) - 1, 0))
     return
+  if not _broadcast_axes(kernel, inputs):  # no load is reused across outputs (a split reduce's parts meeting): as elementwise, and the
+    # runtime's work-group size (the work-groups of 16 below ran the H200's sum of 4 parts into 2.4M outputs at 420 GB/s)
+    _try_upcast(kernel, [axis for axis in kernel.axes(AxisKind.GLOBAL) if all(_strides(kernel, i)[axis] == 1 for i in [0, *inputs])][-1:], (4,))
+    _try(kernel, Opt(OptOps.UNROLL, last_number, 0 if kernel.full_shape[last_reduce] <= 16 else 4))
+    return
   if _tensor_core_plan(kernel): return
   # register tile: 4 lanes along two axes that an input is broadcast along, the axes where the most input data is reused first.
   # A big matmul (>= 1024 products per output, both axes >= 256) gets 8x8 tiles and stages its inputs (see _stage_big_matmul);
@@ -195,24 +200,27 @@ def _stage_big_matmul(kernel: Kernel, axes: list[int], inputs: list[int]) -> boo
 
 def _tensor_core_plan(kernel: Kernel) -> bool:
   """A sum of products of 16-bit floats on tensor cores, if TC applies (after padding M and N to multiples of 128, 64 or 16 and
-  K of 32 or 16, where that wastes at most a third): warps each computing 64 x 64 outputs (4 x 8 mma tiles), 2 x 4 of them where
-  that still gives every SM a work-group, else 2 x 2; 128 bytes of each row of the reduce a loop trip; 3 tile stages (2 where local
+  K of 32 or 16, where that wastes at most a third; N to the tile _n_tile picks): warps each computing 64 x 64 outputs (4 x 8 mma
+  tiles), 2 x 4 or 2 x 2 of them, or 2 x 4 of 64 x 48; 128 bytes of each row of the reduce a loop trip; 3 tile stages (2 where local
   memory is short); smaller tiles where an axis is short. The tiles come from L2, and its bandwidth (about 5 TB/s) is what bounds
   a work-group's tile: 128 x 128 outputs top out near 320 TFLOP/s, 128 x 256 near 430. Measured on the H200 at 4096 (fp16, cuBLAS
   about 700, with clusters sharing tiles): 388-409 TFLOP/s in every layout with 2 x 4 warps, 320-345 with 2 x 2, 310 with 2 x 2
   warps and 64 bytes a trip. Before the stages had split barriers (a barrier of every thread each trip), 2 x 4 warps gave 310."""
   if not (operands := kernel.tensor_core_operands()): return False
-  def padded(chosen: set[int] | None) -> Kernel:  # M and N to whole work-group tiles where that wastes little, K to whole trips
+  def padded(chosen: set[int] | None, n_width: int = 0) -> Kernel:  # M and N to whole work-group tiles where that wastes little, K to whole trips
     trial = kernel.copy()
     for position, axis in enumerate(trial.axes(AxisKind.GLOBAL) + trial.axes(AxisKind.REDUCE)):  # PADTO counts GLOBAL, then REDUCE axes
       spanned_by = sum(not trial.broadcast_along(number, axis) for number in operands)
-      multiples = (32, 16) if trial.kinds[axis] is AxisKind.REDUCE and spanned_by == 2 else (128, 64, 16) if spanned_by == 1 else ()
+      multiples: tuple[int, ...] = (32, 16) if trial.kinds[axis] is AxisKind.REDUCE and spanned_by == 2 else (128, 64, 16) if spanned_by == 1 else ()
+      if n_width and axis == n: multiples = (n_width,)
       if multiples and trial.full_shape[axis] % multiples[0] and (chosen is None or axis in chosen):
         any(_try(trial, Opt(OptOps.PADTO, position, amount)) for amount in multiples if trial.full_shape[axis] % amount)
     return trial
   if not (choices := padded(None).tensor_core_choices()): return False
   m, n, k = choices[0]  # then pad only these: another axis padded is work thrown away (a conv's rows, where its columns are N)
-  if (m, n, k) not in (choices := (trial := padded({m, n, k})).tensor_core_choices()): return False
+  batches = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GLOBAL) if axis not in (m, n))
+  n_tile = _n_tile(kernel.full_shape[m], kernel.full_shape[n], batches, kernel.target.compute_units)
+  if (m, n, k) not in (choices := (trial := padded({m, n, k}, 8 * prod(n_tile) if n_tile else 0)).tensor_core_choices()): return False
   # an operand contiguous along neither K nor its own output axis is copied 2 bytes a thread at a time, with a barrier each trip: a
   # 16-bit conv's weight gradient (the batch for K) ran at 0.03-0.08x cuDNN so, against 0.15-0.31x without tensor cores
   for number in operands:
@@ -221,11 +229,11 @@ def _tensor_core_plan(kernel: Kernel) -> bool:
   m_at, n_at, k_at = trial.axes(AxisKind.GLOBAL).index(m), trial.axes(AxisKind.GLOBAL).index(n), trial.axes(AxisKind.REDUCE).index(k)
   if not any(_try(trial, Opt(OptOps.TC, choices.index((m, n, k)), stages)) for stages in (3, 2)): return False
   _try(trial, Opt(OptOps.UNROLL, k_at, 4))  # 128 bytes of each row a trip: 4 mma steps of 16 16-bit or 8 float32 elements
-  tiles = prod(trial.full_shape[axis] for axis in trial.axes(AxisKind.GLOBAL)) // (4 * 8 * 2)  # of 128 x 64 outputs (2 x 1 warps)
-  for at, amounts in sorted(((m_at, (4, 2)), (n_at, (8, 4, 2))), reverse=True):  # the later axis first: its Opts leave the other's place
+  n_plan = ((n_tile[0],), (n_tile[1],)) if n_tile else ((8, 4, 2), (2,))  # (upcasts, warps) along N
+  for at, (amounts, warps) in sorted(((m_at, ((4, 2), (2,))), (n_at, n_plan)), reverse=True):  # the later axis first: its Opts leave
+    # the other's place
     global_count = len(trial.axes(AxisKind.GLOBAL))
     any(_try(trial, Opt(OptOps.UPCAST, at, amount)) for amount in amounts)
-    warps = _warps_along_n(tiles, trial.target.compute_units) if at == n_at else (2,)
     if len(trial.axes(AxisKind.GLOBAL)) == global_count: any(_try(trial, Opt(OptOps.LOCAL, at, amount)) for amount in warps)
   # where M and N are short (a conv's channels and columns), more warps along another axis one operand spans (the conv's rows)
   for axis in reversed(trial.axes(AxisKind.GLOBAL)):
@@ -234,14 +242,21 @@ def _tensor_core_plan(kernel: Kernel) -> bool:
   for opt in trial.applied_opts[len(kernel.applied_opts):]: kernel.apply_opt(opt)
   return True
 
-def _warps_along_n(tiles: int, compute_units: int) -> list[int]:
-  """Warps along N for `tiles` work-groups of 2 x 1 warps (128 x 64 outputs), best first: 4 (one work-group an SM) where that still
-  gives every SM one, and 2 (two), ranked by the outputs a byte of L2 gives (the work-group's bound, see _tensor_core_plan) times
-  the share of the last wave of work-groups that is busy. (3 leaves two of an SM's four schedulers one warp: 3000³ ran no faster.)"""
-  def score(warps: int) -> float:
-    groups, slots = max(tiles, 1) / warps, compute_units * (1 if warps == 4 else 2)
-    return 128 * 64 * warps / (128 + 64 * warps) * groups / (-(-groups // slots) * slots)
-  return sorted((4, 2) if tiles >= 4 * compute_units else (2,), key=score, reverse=True)
+N_TILES = ((8, 4), (6, 4), (8, 2))  # (mma tiles of 8 a warp upcasts N by, warps along N): 256 (one work-group an SM), 192 (one), 128 (two)
+
+def _n_tile(rows: int, cols: int, batches: int, compute_units: int) -> tuple[int, int] | None:
+  """The work-group tile along N (N_TILES; None where M is under 128 or N under 256) for `batches` outputs of `rows` x `cols` (M x
+  N) in work-groups of 128 rows: the most outputs a byte of L2 gives (the tile's bound, see _tensor_core_plan), times the share of the outputs padded
+  to whole tiles that are real, times the share of the last wave of work-groups that is busy (128 x 128 ones run two to an SM where
+  there are more of them than SMs). Measured on the H200, fp16: 3000^3 ran 128 x 192 at 285 TFLOP/s, 128 x 256 at 246-264, 128 x
+  128 at 257-259; 2560 x 1536 x 3584 (120 work-groups of 128 x 256) 356 against 307 for 128 x 128."""
+  def score(tile: tuple[int, int]) -> float:
+    width = 8 * prod(tile)
+    padded = -(-cols // width) * width
+    groups = batches * -(-rows // 128) * padded // width
+    slots = compute_units * (2 if tile[1] == 2 and groups > compute_units else 1)
+    return 128 * width / (128 + width) * cols / padded * groups / (-(-groups // slots) * slots)
+  return max(N_TILES, key=score) if rows >= 128 and cols >= 256 else None
 
 def _try(kernel: Kernel, opt: Opt) -> bool:
   try: kernel.apply_opt(opt)
