@@ -1,6 +1,7 @@
 """Tensor cores (the TC Opt): the layout it makes, when it is legal, CUDA source that NVRTC compiles to PTX for every layout and
 dtype (so a bad mma or ldmatrix fails CI without a GPU), and on a device with tensor cores results that match numpy."""
 from __future__ import annotations
+import re
 import numpy as np
 import pytest
 from tinyc import Tensor
@@ -145,6 +146,9 @@ def test_tensor_core_kernels_compile_to_ptx(layout, dtype):
       transposed = layout in ("NN", "TN", "TT") and dtype != dtypes.float32
       assert ("ldmatrix.sync.aligned.m8n8.x4.trans" in ptx or "ldmatrix.sync.aligned.m8n8.x2.trans" in ptx) == transposed
       assert "cp.async.c" in ptx or shape == (1000, 24, 40), f"{name} {shape}: copies in the background"
+      # TF32 tiles keep the memory's order (M or N contiguous: read a value at a time), so their copies move 16 bytes each
+      copied = set(re.findall(r"cp\.async\.\w+\.shared\.global \[[^]]*\], \[[^]]*\], (\d+)", ptx))
+      assert dtype != dtypes.float32 or shape == (1000, 24, 40) or copied == {"16"}, f"{name} {shape}: {copied} bytes a copy"
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_tensor_cores_match_numpy(layout, tinyc_device):

@@ -136,9 +136,9 @@ class Kernel:
 
   def tile_layout(self, number: int) -> TileLayout:
     """Where staged buffer `number`'s tile puts each element: the unrolled reduce axes outermost, then the others in the buffer's
-    memory order. A tensor-core operand keeps 16-bit values in rows along K (all of a trip's K) or, where K is not the contiguous
+    memory order. A tensor-core operand keeps its values in rows along K (all of a trip's K) or, where K is not the contiguous
     axis, along M or N (`rows`: the axis the rows step along); a row's stride is made an odd number of 16 bytes, so the 8 rows
-    ldmatrix reads at once fall in different banks."""
+    ldmatrix reads at once fall in different banks (32 for TF32 rows along M or N: a warp reads 8 values from each of 4 rows)."""
     axes, strides = self.tile_axes(number), self.sts[number].real_strides(ignore_valid=True)
     stride = lambda axis: math.inf if strides[axis] is None else cast(int, strides[axis])  # noqa: E731
     load_order = sorted(axes, key=lambda axis: -stride(axis))
@@ -148,16 +148,18 @@ class Kernel:
       tc, warp = self.axes(AxisKind.TC)[0], next(axis for axis in axes if self.kinds[axis] is AxisKind.WARP)
       outer = [warp] if self.full_shape[warp] == 8 else [warp, next(a for a in axes if self.kinds[a] is AxisKind.FRAGMENT and a > warp)]
       others = [axis for axis in load_order if axis not in unrolled + outer + [tc]]
-      if stride(tc) > stride(outer[-1]) and dtype.itemsize == 2: order, rows = unrolled + [tc] + others + outer, tc  # ldmatrix .trans
-      else: order, rows = others + outer + unrolled + [tc], outer[-1]  # (.trans moves 16-bit values: TF32 rows are along K always)
+      # rows along M or N where K is not the contiguous axis: read by ldmatrix .trans (16-bit), or a value at a time (TF32)
+      if stride(tc) > stride(outer[-1]): order, rows = unrolled + [tc] + others + outer, tc
+      else: order, rows = others + outer + unrolled + [tc], outer[-1]
       dtype = {2: dtypes.uint16, 4: dtypes.uint32}[dtype.itemsize]  # the values' bits, moved and read as they are
     else:
       dtype = dtypes.float32 if dtype in TC_DTYPES else dtype  # 16-bit floats are floats in registers, and in these tiles
       # a buffer contiguous along the unrolled axis is copied across the tile's rows: pad them, so a thread's 4 stores hit 4 banks
       rows = unrolled[-1] if unrolled and load_order[-1] == unrolled[-1] else None
     layout_strides, size = {}, 1
+    spread = 32 if dtype.itemsize == 4 and rows is not None and self.kinds[rows] is AxisKind.TC else 16  # bytes of a row read at once
     for axis in reversed(order):
-      if axis == rows and (size * dtype.itemsize // 16) % 2 == 0: size += 16 // dtype.itemsize
+      if axis == rows and (size * dtype.itemsize // spread) % 2 == 0: size += spread // dtype.itemsize
       layout_strides[axis], size = size, size * self.full_shape[axis]
     view = View.create(self.full_shape, tuple(layout_strides.get(axis, 0) for axis in range(self.shape_len)))
     return TileLayout(view, size, dtype, load_order, rows)

@@ -369,6 +369,15 @@ class Linearizer:
     k = (matrix // 2 if is_a else matrix % 2) * (16 // tile.layout.dtype.itemsize) + (row if transposed else 0)  # a row: 16 bytes
     place = {fragment: matrix % 2, warp: outer} if is_a else {warp: outer // 2, fragment: outer % 2}
     if paired is not None: place[paired] = at[paired] + matrix // 2
+    if transposed and tile.layout.dtype.itemsize == 4:  # TF32 along M or N: ldmatrix moves 16-bit values, so a value a register,
+      # at (M g or g + 8, K t or t + 4) of A and (K t or t + 4, N g) of B, g and t the lane's quarter and its place in it
+      g, t = self.lane // 4, self.lane % 4
+      def value(j: int) -> UOp:
+        at_j = {fragment: NumNode(j % 2), warp: g} if is_a else {warp: g // 2, fragment: g % 2}
+        if paired is not None: at_j[paired] = at[paired] + j // 2
+        idxs = [(at | at_j | {tc: t + 4 * (j // 2 if is_a else j % 2)}).get(axis, NumNode(0)) for axis in range(kernel.shape_len)]
+        return self.uop(UOps.LOAD, dtypes.uint32, (tile.memory, self.index(tile.index(idxs, stage))))  # (pure, as LOAD_FRAGMENT)
+      return [value(j) for j in range(count)]
     idxs = [(at | place | {tc: k}).get(axis, NumNode(0)) for axis in range(kernel.shape_len)]
     address = self.index(tile.index(idxs, stage))
     registers = self.uop(UOps.LOAD_FRAGMENT, dtypes.uint32.vec(count), (tile.memory, address), Fragment(count, transposed))
