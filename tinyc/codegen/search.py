@@ -204,18 +204,19 @@ class CacheFileError(RuntimeError):
   """The cache path names a file that tinyc did not make."""
 
 def _made_by_tinyc(path: Path) -> bool:
-  """Whether `path` is tinyc's cache (False: absent, empty, or an older tinyc's unmarked cache to adopt); CacheFileError otherwise."""
+  """Whether `path` is tinyc's cache (False: absent, new, or an older tinyc's unmarked cache to adopt); CacheFileError otherwise."""
   if not path.is_file(): return False
   with path.open("rb") as file: header = file.read(100)
-  if not header: return False
+  if header.startswith(SQLITE_MAGIC) and int.from_bytes(header[68:72], "big") == APPLICATION_ID: return True
   refuse = f"The cache {path} is not a tinyc cache ({{}}): tinyc neither reads nor replaces it. Set CACHEDB to another file."
-  if not header.startswith(SQLITE_MAGIC) or len(header) < 72: raise CacheFileError(refuse.format("not an sqlite database"))
-  if int.from_bytes(header[68:72], "big") == APPLICATION_ID: return True
+  if not SQLITE_MAGIC.startswith(header[:16].rstrip(b"\0")): raise CacheFileError(refuse.format("not an sqlite database"))
+  # any other start (none, zeros, a part of SQLite's header) may be a file another process is making right now (an SQLite that maps
+  # files grows a new one, zeros, before it writes page 1): SQLite reads it again under its lock, so waits until that one is done
   try:
-    with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as connection:
+    with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30)) as connection:
       tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
   except sqlite3.OperationalError: raise
-  except sqlite3.DatabaseError as error: raise CacheFileError(refuse.format(f"an unmarked, unreadable sqlite database: {error}")) from error
+  except sqlite3.DatabaseError as error: raise CacheFileError(refuse.format(f"not a readable sqlite database: {error}")) from error
   if not tables <= set(TABLES): raise CacheFileError(refuse.format(f"an sqlite database with the tables {sorted(tables)}"))
   return False
 
