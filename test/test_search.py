@@ -89,8 +89,9 @@ def other_programs_database(path):
     connection.execute("CREATE TABLE accounts (name TEXT, balance INTEGER)")
     connection.execute("INSERT INTO accounts VALUES ('alice', 100)")
 
-@pytest.mark.parametrize("make", [lambda path: path.write_bytes(b"my notes, not a database\n" * 100), other_programs_database],
-                         ids=["text file", "another program's sqlite database"])
+@pytest.mark.parametrize("make", [lambda path: path.write_bytes(b"my notes, not a database\n" * 100), other_programs_database,
+                                  lambda path: path.write_bytes(bytes(8192)), lambda path: path.write_bytes(search.SQLITE_MAGIC + b"cut")],
+                         ids=["text file", "another program's sqlite database", "zeros", "a cut sqlite header"])
 def test_a_file_that_is_not_a_tinyc_cache_is_refused_and_left_untouched(tmp_path, make):
   path = tmp_path / "beam.db"
   make(path)
@@ -122,6 +123,35 @@ def test_an_empty_file_and_an_older_tinyc_cache_are_used(tmp_path):
     connection.execute("CREATE TABLE beam (key TEXT PRIMARY KEY, opts TEXT NOT NULL)")
     connection.execute("INSERT INTO beam VALUES ('old key', '[[\"UPCAST\", 0, 2]]')")
   assert search.cache_get("old key") == (Opt(OptOps.UPCAST, 0, 2),)
+
+# another process making a new cache: it holds SQLite's lock (a write lock on its lock bytes) while the file is in `state`, for a second
+MAKER = """
+import fcntl, sys, time
+path, state, made = sys.argv[1:]
+with open(path, "wb") as file:
+  fcntl.lockf(file, fcntl.LOCK_EX, 512, 0x40000000)
+  file.write(bytes.fromhex(state))
+  file.flush()
+  print("ready", flush=True)
+  time.sleep(1)
+  file.seek(0)
+  file.write(open(made, "rb").read())
+"""
+
+@pytest.mark.parametrize("state", [lambda made: bytes(len(made)), lambda made: made[:50], lambda made: b""],
+                         ids=["grown to its size before page 1 is written (an SQLite that maps files)", "page 1 written in part", "empty"])
+def test_a_cache_another_process_is_making_is_waited_for(tmp_path, state):
+  path, made = tmp_path / "beam.db", tmp_path / "made.db"
+  search.cache_put("key", [Opt(OptOps.UPCAST, 0, 4)])
+  search._forget()  # the last connection closed: everything is in the file, no WAL beside it
+  path.rename(made)
+  maker = subprocess.Popen([sys.executable, "-c", MAKER, str(path), state(made.read_bytes()).hex(), str(made)], stdout=subprocess.PIPE, text=True)
+  assert maker.stdout is not None and maker.stdout.readline() == "ready\n"
+  assert search.cache_get("key") == (Opt(OptOps.UPCAST, 0, 4),)
+  assert maker.wait() == 0
+  search.cache_put("another key", [Opt(OptOps.LOCAL, 1, 16)])
+  assert search.cache_get("another key") == (Opt(OptOps.LOCAL, 1, 16),)
+  with contextlib.closing(sqlite3.connect(path)) as connection: assert connection.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
 
 def unwritable_locations(tmp_path):
   (tmp_path / "a_file").write_text("x")
@@ -185,7 +215,9 @@ def test_the_cache_key_covers_the_kernel_the_device_and_the_settings(monkeypatch
   keys = {search.cache_key(ast, "CUDA|sm_90") for ast in asts} | {search.cache_key(asts[0], "GPU|pocl")}
   monkeypatch.setenv("NOLOCALS", "1")
   keys.add(search.cache_key(asts[0], "CUDA|sm_90"))
-  assert len(keys) == 5
+  monkeypatch.setattr(search, "code_version", lambda: "another version of tinyc")  # whose Opts may mean other things
+  keys.add(search.cache_key(asts[0], "CUDA|sm_90"))
+  assert len(keys) == 6
 
 def test_the_cache_key_names_the_device_language(monkeypatch):
   keys: list[str] = []

@@ -7,10 +7,9 @@ cache, table `programs`) under a key of everything that changes it, and a schedu
 processes BEAM uses (`Compiled.build_all`), since lowering is Python and compilers take 10-100 ms a kernel.
 """
 from __future__ import annotations
-import functools, hashlib, importlib, json, threading, time
+import hashlib, importlib, json, threading, time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, NamedTuple
 import numpy as np
 from tinyc.dtype import DType, dtypes
@@ -23,7 +22,7 @@ from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.linearizer import Linearizer
 from tinyc.codegen.uops import ThreadKind, UOps, UOp, executed, mma_flops_per_thread
 from tinyc.codegen.cpu_split import outer_split
-from tinyc.codegen.search import ast_text, cache_execute, compile_pool
+from tinyc.codegen.search import ast_text, cache_execute, code_version, compile_pool
 
 class Allocator:
   """Device memory with a free list: a freed block is kept and handed out again for the next request of the same size. Taking and
@@ -245,11 +244,6 @@ class Compiled:
 
 CODEGEN_SETTINGS = (ALLOW_TF32, NOOPT)  # the settings that change what a kernel compiles to: part of the program key, and set in build workers
 def codegen_settings() -> dict[str, Any]: return {setting.key: setting.value for setting in CODEGEN_SETTINGS}
-
-@functools.cache
-def code_version() -> str:
-  """A hash of tinyc's source files: a program built by other code is built again."""
-  return hashlib.sha256(b"".join(path.read_bytes() for path in sorted(Path(__file__).parent.rglob("*.py")))).hexdigest()
 
 class Built(NamedTuple):
   """A kernel lowered, rendered and compiled: what a build worker returns and the disk cache keeps (the binary apart from the JSON)."""

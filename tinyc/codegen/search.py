@@ -4,12 +4,12 @@ codegen/kernel; the device passes in the functions that build (render + compile,
 The search keeps the `width` fastest Opt lists, expands each by every legal action, builds the new candidates in parallel
 worker processes (a candidate whose build fails, crashes its worker or runs past the timeout is dropped, and the worker
 replaced), times them, and stops when a step improves the best time by less than BEAM_MIN_PROGRESS. Candidates that render
-to the same source are timed once. The cache maps a key of (AST, device, settings) to the winning Opt list as JSON text in
+to the same source are timed once. The cache maps a key of (AST, device, settings, tinyc's code) to the winning Opt list as JSON text in
 sqlite: data only, in a file tinyc marks as its own (it refuses any other file, and rebuilds its own when damaged). The same file
 keeps the programs device.py builds (table `programs`: the rendered source and launch sizes as JSON, and the compiled binary).
 """
 from __future__ import annotations
-import atexit, contextlib, hashlib, json, math, os, pickle, sqlite3, subprocess, sys, threading, time
+import atexit, contextlib, functools, hashlib, json, math, os, pickle, sqlite3, subprocess, sys, threading, time
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -185,9 +185,14 @@ def ast_text(ast: LazyOp) -> str:
   return f"{ast.op}({arg!r}; {', '.join(ast_text(src) for src in ast.src)})"
 
 def cache_key(ast: LazyOp, device_key: str) -> str:
-  """The cache key: the AST, the device (its name, architecture and renderer) and every setting that changes the search."""
+  """The cache key: the AST, the device (its name, architecture and renderer), every setting that changes the search, tinyc's code."""
   settings = {name: getenv(name, "") for name in ("BEAM", "BEAM_MIN_PROGRESS", "BEAM_MAX_STEPS", "NOLOCALS")}
-  return hashlib.sha256(f"{ast_text(ast)}|{device_key}|{sorted(settings.items())}|{len(ACTIONS)}".encode()).hexdigest()
+  return hashlib.sha256(f"{ast_text(ast)}|{device_key}|{sorted(settings.items())}|{code_version()}".encode()).hexdigest()
+
+@functools.cache
+def code_version() -> str:
+  """A hash of tinyc's source files: an Opt list searched, or a program built, by other code (whose Opts may mean other things) is not reused."""
+  return hashlib.sha256(b"".join(path.read_bytes() for path in sorted(Path(__file__).parents[1].rglob("*.py")))).hexdigest()
 
 def cache_dir() -> Path: return Path(getenv("CACHE_DIR", str(Path.home() / ".cache" / "tinyc")))
 def cache_path() -> Path: return Path(getenv("CACHEDB", str(cache_dir() / "beam.db")))
@@ -204,18 +209,19 @@ class CacheFileError(RuntimeError):
   """The cache path names a file that tinyc did not make."""
 
 def _made_by_tinyc(path: Path) -> bool:
-  """Whether `path` is tinyc's cache (False: absent, empty, or an older tinyc's unmarked cache to adopt); CacheFileError otherwise."""
+  """Whether `path` is tinyc's cache (False: absent, new, or an older tinyc's unmarked cache to adopt); CacheFileError otherwise."""
   if not path.is_file(): return False
   with path.open("rb") as file: header = file.read(100)
-  if not header: return False
+  if header.startswith(SQLITE_MAGIC) and int.from_bytes(header[68:72], "big") == APPLICATION_ID: return True
   refuse = f"The cache {path} is not a tinyc cache ({{}}): tinyc neither reads nor replaces it. Set CACHEDB to another file."
-  if not header.startswith(SQLITE_MAGIC) or len(header) < 72: raise CacheFileError(refuse.format("not an sqlite database"))
-  if int.from_bytes(header[68:72], "big") == APPLICATION_ID: return True
+  if not SQLITE_MAGIC.startswith(header[:16].rstrip(b"\0")): raise CacheFileError(refuse.format("not an sqlite database"))
+  # any other start (none, zeros, a part of SQLite's header) may be a file another process is making right now (an SQLite that maps
+  # files grows a new one, zeros, before it writes page 1): SQLite reads it again under its lock, so waits until that one is done
   try:
-    with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as connection:
+    with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30)) as connection:
       tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
   except sqlite3.OperationalError: raise
-  except sqlite3.DatabaseError as error: raise CacheFileError(refuse.format(f"an unmarked, unreadable sqlite database: {error}")) from error
+  except sqlite3.DatabaseError as error: raise CacheFileError(refuse.format(f"not a readable sqlite database: {error}")) from error
   if not tables <= set(TABLES): raise CacheFileError(refuse.format(f"an sqlite database with the tables {sorted(tables)}"))
   return False
 
