@@ -116,7 +116,7 @@ class Program:
     if self.vars:
       args += [(var_vals or {})[var] for var in self.vars]
       if global_size is not None: global_size = tuple(sym_infer(size, var_vals or {}) for size in global_size)
-    seconds = self.run(*args, global_size=global_size, local_size=self.local_size, wait=profiling or DEBUG >= 2)
+    seconds = self.run(*args, global_size=global_size, local_size=self.local_size, wait=profiling or DEBUG.value >= 2)
     with GlobalCounters.lock:  # (GlobalCounters.add inlined: every eager realize launches)
       GlobalCounters.kernel_count += 1
       GlobalCounters.global_ops += self.flops

@@ -48,11 +48,11 @@ class dtypes:
   default_int = int32  # as in tinygrad: 32-bit index math is what GPUs run fast; cast to int64 explicitly when needed
 
   @staticmethod
-  def is_float(dtype: DType) -> builtins.bool: return dtype in FLOATS
+  def is_float(dtype: DType) -> builtins.bool: return dtype in FLOAT_SET
   @staticmethod
-  def is_int(dtype: DType) -> builtins.bool: return dtype in INTS
+  def is_int(dtype: DType) -> builtins.bool: return dtype in INT_SET
   @staticmethod
-  def is_unsigned(dtype: DType) -> builtins.bool: return dtype in UNSIGNED
+  def is_unsigned(dtype: DType) -> builtins.bool: return dtype in UNSIGNED_SET
   @staticmethod
   def from_np(np_dtype: Any) -> DType:
     name = np.dtype(np_dtype).name
@@ -81,6 +81,7 @@ FLOATS = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
 UNSIGNED = (dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64)
 INTS = (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64) + UNSIGNED
 ALL = (dtypes.bool,) + INTS + FLOATS
+FLOAT_SET, INT_SET, UNSIGNED_SET = frozenset(FLOATS), frozenset(INTS), frozenset(UNSIGNED)  # (a tuple compares with == until it finds a match)
 BY_NAME = {d.name: d for d in ALL}
 
 # PyTorch's promotion as a lattice: a type promotes to its parents; two types meet at their least common ancestor.

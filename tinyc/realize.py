@@ -113,5 +113,5 @@ def realize(outs: list[LazyBuffer]) -> None:
   except BaseException:
     index_check.release(checks)
     raise
-  if DEBUG >= 1: print(f"realized {len(outs)} output(s) with {GlobalCounters.kernel_count - kernels_before} kernel(s)")
+  if DEBUG.value >= 1: print(f"realized {len(outs)} output(s) with {GlobalCounters.kernel_count - kernels_before} kernel(s)")
   index_check.read_pending(only_if_over_limit=True)

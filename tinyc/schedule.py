@@ -302,7 +302,7 @@ def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   before (the same ops, args, views, dtypes and devices, realized inputs aliased alike; not the data) reuses that plan."""
   targets = [base for out in outs if (base := out._base or out).realized is None]  # (the base inlined: the property is a call)
   if not targets: return []
-  if DEBUG >= 3: return _schedule(targets)  # the decisions are printed as they are made
+  if DEBUG.value >= 3: return _schedule(targets)  # the decisions are printed as they are made
   started = time.perf_counter() if (profiling := profiler.enabled()) else 0.0
   key, bases = _structure(targets)
   plan = _plans.get(key)
