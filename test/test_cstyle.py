@@ -40,6 +40,15 @@ def test_workgroup_sum_compiles_to_ptx():
   except RuntimeError: pytest.skip("NVRTC is not installed here (CI installs nvidia-cuda-nvrtc)")
   assert b".shared" in compile_cuda("wg_sum", render_cuda("wg_sum", workgroup_sum_uops()), "sm_90", "ptx")
 
+def test_a_cuda_kernel_of_a_fixed_work_group_size_bounds_its_registers_by_it():
+  """ptxas keeps to the registers 16 threads may have (.maxntid): a work-group of 9 warps whose threads took more failed to launch."""
+  from tinyc.runtime.nvrtc import compile_cuda, load_nvrtc
+  try: load_nvrtc()
+  except RuntimeError: pytest.skip("NVRTC is not installed here (CI installs nvidia-cuda-nvrtc)")
+  source = render_cuda("wg_sum", workgroup_sum_uops())
+  assert "__launch_bounds__(16) wg_sum(" in source
+  assert ".maxntid 16, 1, 1" in compile_cuda("wg_sum", source, "sm_90", "ptx").decode()
+
 @pytest.mark.parametrize("backend", ["GPU", "CUDA"])
 def test_workgroup_sum_runs(backend):
   if not Device.usable(backend): pytest.skip(f"{backend} is not usable here")

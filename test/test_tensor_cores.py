@@ -118,6 +118,9 @@ PLANS = {
   "other_choice": [Opt(OptOps.TC, 1, 0), Opt(OptOps.UPCAST, 0, 2)],
   "three_warps": [Opt(OptOps.TC, 0, 3), Opt(OptOps.LOCAL, 1, 3)],  # 96 threads: the last turn of each tile's copies leaves some out
   "six_n_tiles": [Opt(OptOps.TC, 0, 3), Opt(OptOps.UPCAST, 1, 6), Opt(OptOps.LOCAL, 0, 2)],  # a warp's 48 columns (the heuristic's 128 x 192)
+  # 9 warps of 64 x 64 (192 x 192): more registers than 288 threads may have, unless ptxas is told the group's size (else no launch)
+  "nine_warps": [Opt(OptOps.TC, 0, 3), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.LOCAL, 1, 3), Opt(OptOps.UPCAST, 0, 4),
+                 Opt(OptOps.LOCAL, 0, 3)],
 }
 
 def apply_plan(kernel: Kernel, plan: list[Opt] | None) -> list[Opt]:
@@ -155,7 +158,7 @@ def test_tensor_cores_match_numpy(layout, tinyc_device):
   """On a device with tensor cores every plan matches numpy (float32 as TF32, with ALLOW_TF32=1); elsewhere TC is refused."""
   for dtype in TC_DTYPES + (dtypes.float32,):
     with Context(ALLOW_TF32=dtype == dtypes.float32):
-      for shape in ((64, 32, 64), (48, 40, 80), (1000, 24, 40), (64, 48, 64)): check_plans(shape, layout, dtype)
+      for shape in ((64, 32, 64), (48, 40, 80), (1000, 24, 40), (64, 48, 64), (192, 192, 64)): check_plans(shape, layout, dtype)
 
 def check_plans(shape: tuple[int, int, int], layout: str, dtype: DType) -> None:
   device = Device[Device.DEFAULT]

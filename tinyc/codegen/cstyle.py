@@ -11,6 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, cast
 from tinyc.dtype import DType, dtypes
+from tinyc.helpers import all_int, prod
 from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
 from tinyc.codegen.uops import PACKED_16_BIT, Fragment, ThreadKind, UOp, UOps
 
@@ -58,6 +59,7 @@ class CStyleDialect:
   async_wait: Callable[[], str] | None = None  # every copy this thread issued has landed
   barrier_init: Callable[[str, int], str] | None = None  # (address of the first, count) -> statement: split barriers of all threads
   barrier_arrive: Callable[[str], str] | None = None  # (barrier address) -> statement
+  launch_bounds: Callable[[int], str] | None = None  # (threads of a work-group) -> what tells the compiler, before the kernel's name
   barrier_wait: Callable[[str, str], str] | None = None  # (barrier address, phase parity) -> statement
   local_pointer_prefix: str = ""  # before a pointer type into work-group-shared memory
   static_local_bytes: int | None = None  # local memory a kernel may declare as arrays; more is dynamic, its size in a comment (CUDA)
@@ -122,6 +124,7 @@ CUDA_DIALECT = CStyleDialect(
   barrier_arrive=lambda barrier: (f'asm volatile("{{ .reg .b64 state; mbarrier.arrive.shared.b64 state, [%0]; }}" : : "r"({barrier}) '
                                   ': "memory");'),
   barrier_wait=lambda barrier, parity: f"__barrier_wait({barrier}, {parity});", static_local_bytes=48 * 1024,
+  launch_bounds=lambda threads: f"__launch_bounds__({threads}) ",
   infinity="__int_as_float(0x7f800000)", nan="__int_as_float(0x7fc00000)")
 
 OPENCL_DIALECT = CStyleDialect(
@@ -346,7 +349,10 @@ class CStyleRenderer:
       elif uop.op is UOps.VECTORIZE: self.define(uop, dialect.make_vector(self.type_name(dtype), [self.names[src] for src in uop.src]), "vec")
       else: raise NotImplementedError(f"the {dialect.name} renderer has no rule for {uop.op}")
     body = "\n".join(self.lines)
-    return f"{dialect.prelude}{dialect.kernel_prefix}void {self.function_name}({', '.join(params)}) {{\n{body}\n}}\n"
+    # where the work-group's size is fixed, ptxas keeps to the registers that many threads may have, or the launch would fail
+    group = [uop.arg.size for uop in self.uops if uop.op is UOps.SPECIAL and uop.arg.kind is ThreadKind.LOCAL]
+    bounds = dialect.launch_bounds(prod(group)) if dialect.launch_bounds is not None and group and all_int(group) else ""
+    return f"{dialect.prelude}{dialect.kernel_prefix}void {bounds}{self.function_name}({', '.join(params)}) {{\n{body}\n}}\n"
 
   def barrier_address(self, uop: UOp) -> str: return self.shared_address(uop.src[0], self.names[uop.src[1]])
 
