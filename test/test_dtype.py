@@ -1,7 +1,7 @@
 """Dtypes: PyTorch's type promotion for every pair (tensor-tensor and tensor-scalar), casts between every pair of dtypes against numpy
 (float -> int truncation, bool casts, integer wrap-around), bitcasts, and the places where tinyc differs from torch on purpose."""
 from __future__ import annotations
-import itertools, pathlib, subprocess, sys
+import copy, itertools, pathlib, pickle, subprocess, sys
 import numpy as np
 import pytest
 import torch
@@ -203,3 +203,11 @@ def test_intentional_differences_from_torch():
   assert Tensor(np.full(4096, 1.0, dtype=np.float16)).sum().item() == 4096.0
   # bfloat16 has no numpy dtype: numpy() gives float32 holding the bfloat16 values
   assert Tensor([1.0, 2.5], dtype=dtypes.bfloat16).numpy().dtype == np.float32
+
+def test_each_dtype_is_one_object():
+  """dtypes compare and hash by identity (the scheduler's plan keys hash them): a vec() or an unpickled dtype (a BEAM worker's)
+  must be the very object, else an equal dtype would miss every cache and compare unequal."""
+  for dtype in [*ALL, dtypes.float32.vec(4), dtypes.half.vec(2)]:
+    assert pickle.loads(pickle.dumps(dtype)) is dtype and copy.deepcopy(dtype) is dtype
+  assert dtypes.float32.vec(4) is dtypes.float32.vec(4) and dtypes.float32.vec(4) != dtypes.int32.vec(4)
+  assert dtypes.float32.vec(4).scalar() is dtypes.float32 and dtypes.float16 < dtypes.float32

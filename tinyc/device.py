@@ -117,11 +117,11 @@ class Program:
       args += [(var_vals or {})[var] for var in self.vars]
       if global_size is not None: global_size = tuple(sym_infer(size, var_vals or {}) for size in global_size)
     seconds = self.run(*args, global_size=global_size, local_size=self.local_size, wait=profiling or DEBUG.value >= 2)
-    with GlobalCounters.lock:  # (GlobalCounters.add inlined: every eager realize launches)
-      GlobalCounters.kernel_count += 1
-      GlobalCounters.global_ops += self.flops
-      GlobalCounters.global_mem += self.mem_bytes
-      if seconds is not None: GlobalCounters.time_sum_s += seconds
+    with (counters := GlobalCounters).lock:  # (GlobalCounters.add inlined: every eager realize launches)
+      counters.kernel_count += 1
+      counters.global_ops += self.flops
+      counters.global_mem += self.mem_bytes
+      if seconds is not None: counters.time_sum_s += seconds
     if seconds is not None:
       if profiling:
         profiler.record(self.name, "kernel", started, seconds, self.device, flops=self.flops, bytes=self.mem_bytes, peaks=Device[self.device].peaks)

@@ -7,23 +7,19 @@ import numpy as np
 
 @dataclass(frozen=True, order=True)
 class DType:
-  """A scalar type: `priority` orders promotion inside a category, `itemsize` is bytes per element."""
+  """A scalar type: `priority` orders promotion inside a category, `itemsize` is bytes per element. Each dtype is one object (the
+  ones in `dtypes` and their vec()s, also after unpickling), so equality and hashing are by identity, in C: dtypes are compared by
+  every op and hashed in every key of the scheduler's plans."""
   priority: int
   itemsize: int
   name: str
   np_name: str | None  # numpy's name for it; None where numpy has no such type (bfloat16)
   count: int = 1       # lanes of a vector type (float4 in GPU code: 16-byte loads and stores); 1 for a scalar
   scalar_type: DType | None = field(default=None, compare=False, repr=False)
-  _hash: int = field(default=0, init=False, compare=False, repr=False)
-  def __post_init__(self) -> None: object.__setattr__(self, "_hash", hash((self.priority, self.itemsize, self.name, self.np_name, self.count)))
-  def __hash__(self) -> int: return self._hash  # hashed once: dtypes are in every key of the scheduler's plans
-  def __eq__(self, other: object) -> bool:  # the same object, nearly always: asked by every op, so that is checked first
-    return self is other or (isinstance(other, DType) and self._hash == other._hash and
-                             (self.priority, self.itemsize, self.name, self.np_name, self.count) ==
-                             (other.priority, other.itemsize, other.name, other.np_name, other.count))
-  def __reduce__(self) -> tuple: return DType, (self.priority, self.itemsize, self.name, self.np_name, self.count, self.scalar_type)
+  __eq__, __hash__ = object.__eq__, object.__hash__
+  def __reduce__(self) -> tuple: return _named, (self.scalar().name, self.count)
   def __repr__(self) -> str: return f"dtypes.{self.name}" if self.count == 1 else f"dtypes.{self.scalar().name}.vec({self.count})"
-  def vec(self, count: int) -> DType: return DType(self.priority, self.itemsize * count, f"{self.name}x{count}", None, count, self)
+  def vec(self, count: int) -> DType: return _vector(self, count)
   def scalar(self) -> DType: return self.scalar_type if self.scalar_type is not None else self
   @property
   def np(self) -> Any: return np.dtype(self.np_name) if self.np_name is not None else None
@@ -83,6 +79,10 @@ INTS = (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64) + UNSIGNED
 ALL = (dtypes.bool,) + INTS + FLOATS
 FLOAT_SET, INT_SET, UNSIGNED_SET = frozenset(FLOATS), frozenset(INTS), frozenset(UNSIGNED)  # (a tuple compares with == until it finds a match)
 BY_NAME = {d.name: d for d in ALL}
+
+@functools.cache  # one object per vector type
+def _vector(scalar: DType, count: int) -> DType: return DType(scalar.priority, scalar.itemsize * count, f"{scalar.name}x{count}", None, count, scalar)
+def _named(name: str, count: int) -> DType: return BY_NAME[name] if count == 1 else BY_NAME[name].vec(count)
 
 # PyTorch's promotion as a lattice: a type promotes to its parents; two types meet at their least common ancestor.
 # int64/uint64 + a float type gives that float type (like torch), uint8 + int8 gives int16.

@@ -106,7 +106,7 @@ def realize(outs: list[LazyBuffer]) -> None:
   realize are computed in the same schedule (index_check.py)."""
   checks = index_check.claim()
   try:
-    with _graph_lock: schedule = create_schedule(outs + [check.extremes for check in checks])
+    with _graph_lock: schedule = create_schedule(outs + [check.extremes for check in checks] if checks else outs)
     if not schedule: return
     kernels_before = GlobalCounters.kernel_count
     run_schedule(schedule)

@@ -304,7 +304,11 @@ def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   if not targets: return []
   if DEBUG.value >= 3: return _schedule(targets)  # the decisions are printed as they are made
   started = time.perf_counter() if (profiling := profiler.enabled()) else 0.0
-  key, bases = _structure(targets)
+  # the key: the graph under the targets, each base named by its position in a walk (not by identity or data)
+  position: dict[LazyBuffer, int] = {}
+  bases: list[LazyBuffer] = []
+  entries: list[tuple] = []
+  key = (tuple([_visit(target, position, bases, entries) for target in targets]), tuple(entries))
   plan = _plans.get(key)
   if not (reused := plan is not None):
     position = {base: index for index, base in enumerate(bases)}
@@ -315,14 +319,6 @@ def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   items = [ScheduleItem(ast, tuple(map(at, outs)), tuple(map(at, inputs))) for ast, outs, inputs in plan]
   if profiling: profiler.record("schedule", "schedule", started, time.perf_counter() - started, kernels=len(items), reused_plan=reused)
   return items
-
-def _structure(targets: list[LazyBuffer]) -> tuple[tuple, list[LazyBuffer]]:
-  """The graph under `targets` as a key naming each base by its position in a walk (not by identity or data), and the bases."""
-  position: dict[LazyBuffer, int] = {}
-  bases: list[LazyBuffer] = []
-  entries: list[tuple] = []
-  roots = tuple([_visit(target, position, bases, entries) for target in targets])
-  return (roots, tuple(entries)), bases
 
 def _visit(base: LazyBuffer, position: dict[LazyBuffer, int], bases: list[LazyBuffer], entries: list[tuple]) -> int:
   """The position of `base` in the walk, its sources first. Every eager realize walks its graph here, so it is written for speed; and
