@@ -108,6 +108,24 @@ def test_the_heuristic_gives_big_matmuls_2_x_4_warps():
   hand_coded_optimizations(kernel)
   assert kernel.local_size == 8 * 32 and kernel.full_shape[kernel.axes(AxisKind.REDUCE)[0]] * 16 * 4 == 512
 
+@pytest.mark.parametrize("shape, tiles", [((4096, 4096, 512), 4), ((2048, 8192, 1024), 4), ((3000, 3000, 3000), 3), ((2560, 1536, 3584), None)])
+def test_the_heuristic_loops_work_groups_over_tiles_where_there_are_more_than_compute_units(shape, tiles):
+  """512 tiles of 128 x 256 on 132 SMs: 128 work-groups of 4 tiles each (4096 x 4096 x K); 120 work-groups stay one tile each."""
+  kernel = kernel_of(*shape)
+  hand_coded_optimizations(kernel)
+  serial = kernel.axes(AxisKind.SERIAL)
+  assert [kernel.full_shape[axis] for axis in serial] == ([tiles] if tiles else [])
+  assert prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GLOBAL)) <= H200.compute_units
+
+def test_persist_comes_after_tc_once_and_divides_its_axis():
+  kernel = kernel_of(256, 256, 64)
+  with pytest.raises(KernelOptError): kernel.apply_opt(Opt(OptOps.PERSIST, 0, 2))  # before TC
+  kernel.apply_opt(Opt(OptOps.TC, 0, 3))
+  for bad in (Opt(OptOps.PERSIST, 0, 3), Opt(OptOps.PERSIST, 0, 1), Opt(OptOps.PERSIST, 5, 2)):
+    with pytest.raises(KernelOptError): kernel.apply_opt(bad)
+  kernel.apply_opt(Opt(OptOps.PERSIST, 0, 2))
+  with pytest.raises(KernelOptError): kernel.apply_opt(Opt(OptOps.PERSIST, 0, 2))
+
 # Opt lists that reach each part of the TC code: 2 or more tile stages, B read two mma tiles at once (along the unroll or an
 # upcast), warps side by side (LOCAL), and padding with masked copies
 PLANS = {
@@ -118,6 +136,9 @@ PLANS = {
   "other_choice": [Opt(OptOps.TC, 1, 0), Opt(OptOps.UPCAST, 0, 2)],
   "three_warps": [Opt(OptOps.TC, 0, 3), Opt(OptOps.LOCAL, 1, 3)],  # 96 threads: the last turn of each tile's copies leaves some out
   "six_n_tiles": [Opt(OptOps.TC, 0, 3), Opt(OptOps.UPCAST, 1, 6), Opt(OptOps.LOCAL, 0, 2)],  # a warp's 48 columns (the heuristic's 128 x 192)
+  # work-groups looping over 2 tiles along M or N, the copies of a tile's first trips started in the last trips of the one before
+  "persistent": [Opt(OptOps.TC, 0, 3), Opt(OptOps.PERSIST, 0, 2)],
+  "persistent_warps": [Opt(OptOps.TC, 0, 4), Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.PERSIST, 1, 2)],
   # 9 warps of 64 x 64 (192 x 192): more registers than 288 threads may have, unless ptxas is told the group's size (else no launch)
   "nine_warps": [Opt(OptOps.TC, 0, 3), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.LOCAL, 1, 3), Opt(OptOps.UPCAST, 0, 4),
                  Opt(OptOps.LOCAL, 0, 3)],

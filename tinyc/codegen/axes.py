@@ -18,6 +18,7 @@ class OptOps(Enum):
   NOLOCALS = auto()  # no LOCAL or GROUP: the runtime picks the work-group size
   STAGE = auto()     # read input buffer number `axis` (1 is the first input) through local memory, a tile a reduce loop trip
   TC = auto()        # compute the sum of products on tensor cores; `axis` picks one of tensor_core_choices(), `amount` the tile stages (0: 2)
+  PERSIST = auto()   # (after TC) a work-group computes `amount` tiles of GLOBAL axis `axis` in a loop, its copies running on into the next
 
 class AxisKind(Enum):
   GLOBAL = auto()    # output axis: a loop on a CPU, the work-group id on a GPU
@@ -29,17 +30,19 @@ class AxisKind(Enum):
   WARP = auto()      # output axis: a thread id inside a warp, whose 32 threads compute a tensor-core tile together
   FRAGMENT = auto()  # output axis: a thread's lanes of a tensor-core tile (an accumulator each, as UPCAST)
   TC = auto()        # reduce axis: reduced inside one tensor-core instruction (mma), by the warp together
+  SERIAL = auto()    # output axis: a loop inside the work-group around its reduce and stores (PERSIST)
 
 REDUCE_SIDE = (AxisKind.GROUP, AxisKind.REDUCE, AxisKind.UNROLL)
 LANES = (AxisKind.UPCAST, AxisKind.UNROLL, AxisKind.FRAGMENT)
 THREADS = (AxisKind.LOCAL, AxisKind.GROUP, AxisKind.WARP)  # the thread ids of a work-group
 SPLIT_KINDS = {OptOps.UPCAST: AxisKind.UPCAST, OptOps.UNROLL: AxisKind.UNROLL, OptOps.LOCAL: AxisKind.LOCAL, OptOps.GROUP: AxisKind.GROUP,
                OptOps.GROUPTOP: AxisKind.GROUP}  # the kind of the axis an Opt splits off
-# the layout, outermost first: [GLOBAL | LOCAL | GROUP | WARP | REDUCE | UPCAST, UNROLL, FRAGMENT and TC in the order they were made]
-LAYOUT_RANK = {AxisKind.GLOBAL: 0, AxisKind.LOCAL: 1, AxisKind.GROUP: 2, AxisKind.WARP: 3, AxisKind.REDUCE: 4, AxisKind.UPCAST: 5,
+# the layout, outermost first: [GLOBAL and SERIAL | LOCAL | GROUP | WARP | REDUCE | UPCAST, UNROLL, FRAGMENT and TC in the order they were made]
+LAYOUT_RANK = {AxisKind.GLOBAL: 0, AxisKind.SERIAL: 0, AxisKind.LOCAL: 1, AxisKind.GROUP: 2, AxisKind.WARP: 3, AxisKind.REDUCE: 4, AxisKind.UPCAST: 5,
                AxisKind.UNROLL: 5, AxisKind.FRAGMENT: 5, AxisKind.TC: 5}
 KIND_COLORS = {AxisKind.GLOBAL: "blue", AxisKind.LOCAL: "cyan", AxisKind.UPCAST: "yellow", AxisKind.GROUP: "green",
-               AxisKind.REDUCE: "red", AxisKind.UNROLL: "magenta", AxisKind.WARP: "cyan", AxisKind.FRAGMENT: "yellow", AxisKind.TC: "magenta"}
+               AxisKind.REDUCE: "red", AxisKind.UNROLL: "magenta", AxisKind.WARP: "cyan", AxisKind.FRAGMENT: "yellow", AxisKind.TC: "magenta",
+               AxisKind.SERIAL: "white"}
 TC_DTYPES = (dtypes.float16, dtypes.bfloat16)  # what the tensor cores multiply (mma.sync m16n8k16, fp32 accumulate)
 TC_SHAPE = (16, 8, 16)  # (M, N, K) of one mma of 16-bit floats; of TF32 (float32 inputs, ALLOW_TF32=1) K is 8: 16 bytes of a row either way
 def tc_reduce(dtype: DType) -> int: return 32 // dtype.itemsize  # K of one mma of this input dtype

@@ -239,8 +239,19 @@ def _tensor_core_plan(kernel: Kernel) -> bool:
   for axis in reversed(trial.axes(AxisKind.GLOBAL)):
     if trial.local_size < 4 * 32 and sum(not trial.broadcast_along(number, axis) for number in operands) == 1:
       any(_try(trial, Opt(OptOps.LOCAL, axis, amount)) for amount in (4, 2) if amount * trial.local_size <= 4 * 32)
+  _persist(trial)
   for opt in trial.applied_opts[len(kernel.applied_opts):]: kernel.apply_opt(opt)
   return True
+
+def _persist(kernel: Kernel) -> None:
+  """Where there are more work-groups than compute units, each loops over tiles (PERSIST): the fewest a work-group that fit the
+  work-groups in one wave, split off the outermost GLOBAL axis that has such a divisor."""
+  groups, units = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GLOBAL)), kernel.target.compute_units
+  if groups <= units: return
+  for position, axis in enumerate(kernel.axes(AxisKind.GLOBAL)):
+    size = kernel.full_shape[axis]
+    fitting = [tiles for tiles in range(2, size + 1) if size % tiles == 0 and groups // tiles <= units]
+    if any(_try(kernel, Opt(OptOps.PERSIST, position, tiles)) for tiles in fitting): return
 
 N_TILES = ((8, 4), (6, 4), (8, 2))  # (mma tiles of 8 a warp upcasts N by, warps along N): 256 (one work-group an SM), 192 (one), 128 (two)
 

@@ -14,9 +14,9 @@ from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, 
 from tinyc.shape.shapetracker import flatten_node
 from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, simplify_given_valid, sint, sym_max
 from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel, partials_dtype
-from tinyc.codegen.uops import (PACKED_16_BIT, PYTHON_ALU, VECTOR_WIDTH, Fragment, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind,
+from tinyc.codegen.uops import (PACKED_16_BIT, PYTHON_ALU, VECTOR_WIDTH, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind,
                                UOp, UOps, cast_python_value, without_unused)
-from tinyc.codegen.tiles import Tile, define_tile, enter_trip, leave_trip, load_tiles, start_tile_copies, store_tiles
+from tinyc.codegen.tiles import Tile, define_tile, enter_trip, leave_trip, load_tiles, mma, start_tile_copies, store_tiles
 from tinyc.codegen.packing import LOADED_DTYPES, pack, packed_axis
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
@@ -60,6 +60,7 @@ class Linearizer:
     self.open_ifs: list[UOp] = []  # blocks that close at the kernel's end (the threads with group id 0 going on alone)
     self._value_axes: dict[LazyOp, frozenset[int]] = {}
     self._partials: dict[LazyOp, UOp] = {}  # each group reduce's local memory
+    self._stage_barriers: UOp | None = None  # a persistent kernel's tile stage barriers (made before the loop over its tiles)
     self._locals: list[UOp] = []  # defined right after the parameters, at the kernel's scope, wherever they are used
     self._open_loops: list[UOp] = []  # the loops around the code being made
     self.index_dtype = dtypes.int32 if max(st.real_size() for st in kernel.sts) < 2**31 else dtypes.int64
@@ -208,8 +209,11 @@ class Linearizer:
   def linearize(self) -> list[UOp]:
     kernel = self.kernel
     global_loops = self.thread_indices()
-    top = Scope({axis: self.thread_idxs[axis] for axis in kernel.axes(AxisKind.GLOBAL, AxisKind.LOCAL, AxisKind.WARP)},
+    top = Scope({axis: self.thread_idxs[axis] for axis in kernel.axes(AxisKind.GLOBAL, AxisKind.SERIAL, AxisKind.LOCAL, AxisKind.WARP)},
                 kernel.axes(AxisKind.UPCAST, AxisKind.FRAGMENT), {})
+    if serial_axes := kernel.axes(AxisKind.SERIAL):  # a persistent kernel: its tile stages start once, before the loop over its tiles
+      self._stage_barriers = start_tile_copies(self, top.bound, kernel.axes(AxisKind.REDUCE))
+      global_loops += [self.loop(cast(Variable, self.thread_idxs[axis]).expr, kernel.full_shape[axis], None) for axis in serial_axes]
     for store in kernel.stores: self.hoist(store.src[0], top)
     # outputs that are rows walk their reduce axes once more, every thread of a group its share; the others are stored once,
     # by the threads with group id 0
@@ -219,6 +223,7 @@ class Linearizer:
       self.open_ifs.append(self.open_if(self.group_member() < 1))
     for store in singles: self.store(store, top)
     for block in reversed(global_loops + self.open_ifs): self.end(block)
+    if serial_axes: self.uop(UOps.ASYNC_WAIT, None, pure=False)  # no copy left running (they were for tiles past the last)
     self.uops = without_unused(self.uops)  # such as the scalar lanes packed into vectors
     if DEBUG >= 5: print("\n".join(map(str, self.uops)))
     return self.uops
@@ -235,6 +240,7 @@ class Linearizer:
         name, size, dim = f"{prefix}idx{axis}", kernel.full_shape[axis], len(axes) - 1 - position + (prefix == "l" and bool(warp_axes))
         self.thread_idxs[axis] = Variable(name, 0, sym_max(size) - 1)
         if self.threads: self.loop_uops[name] = self.uop(UOps.SPECIAL, self.index_dtype, (), ThreadIndex(dim, name, size, kind), pure=False)
+    for axis in kernel.axes(AxisKind.SERIAL): self.thread_idxs[axis] = Variable(f"sidx{axis}", 0, kernel.full_shape[axis] - 1)  # (linearize's loop)
     if warp_axes:
       self.loop_uops["lane"] = self.uop(UOps.SPECIAL, self.index_dtype, (), ThreadIndex(0, "lane", 32, ThreadKind.LOCAL), pure=False)
       self.thread_idxs[warp_axes[0]], self.thread_idxs[warp_axes[1]] = self.lane // 4, self.lane % 4
@@ -298,17 +304,19 @@ class Linearizer:
     acc_keys = list(itertools.product(*[range(kernel.full_shape[axis]) for axis in acc_axes]))
     accs = self.define_accs(reduceop, len(acc_keys), kernel.full_shape[packed] if packed is not None else 1)
     scope = Scope(outer.bound | {axis: self.thread_idxs[axis] for axis in grouped}, sorted(key_axes + unrolled), dict(outer.reduced))
-    tensor_cores = bool(kernel.axes(AxisKind.TC))
-    if tensor_cores: barriers = start_tile_copies(self, scope.bound, looped)  # the first stages - 1 trips' tiles, before the loops
+    tensor_cores, serial = bool(kernel.axes(AxisKind.TC)), kernel.axes(AxisKind.SERIAL)
+    if serial: barriers = cast(UOp, self._stage_barriers)  # (started before the loop over the tiles)
+    elif tensor_cores: barriers = start_tile_copies(self, scope.bound, looped)  # the first stages - 1 trips' tiles, before the loops
     elif self.tiles: store_tiles(self, load_tiles(self, scope.bound, looped, NumNode(0)))  # the first trip's, before the loops
     loops = self.walk_loops(looped, reduceop.src[0], scope)
-    trip = flatten_node([scope.bound[axis] for axis in looped], [kernel.full_shape[axis] for axis in looped])
+    counted = serial + looped  # trips count on across a persistent kernel's tiles
+    trip = flatten_node([scope.bound[axis] for axis in counted], [kernel.full_shape[axis] for axis in counted])
     if tensor_cores: scope.tile_stage = enter_trip(self, barriers, scope.bound, looped, trip)
     elif self.tiles:  # load the next trip's tiles (the first again after the last) now, store them after this trip's work
       scope.tile_stage = trip % 2
       upcoming = load_tiles(self, scope.bound, looped, trip + 1)
     if tensor_cores:
-      self.mma(scope, accs, keys, key_axes)
+      mma(self, scope, accs, keys, key_axes)
       leave_trip(self, barriers, trip)
     else:
       lanes = self.lanes(scope)
@@ -322,7 +330,7 @@ class Linearizer:
       for acc, step in steps.values(): self.accumulate(op, acc, pack(self.uop, step))
     if self.tiles and not tensor_cores: store_tiles(self, upcoming)  # into the other tile, which every thread read before the last barrier
     for loop in reversed(loops): self.end(loop)
-    if tensor_cores: self.uop(UOps.ASYNC_WAIT, None, pure=False)  # no copy left running (they were for trips past the last)
+    if tensor_cores and not serial: self.uop(UOps.ASYNC_WAIT, None, pure=False)  # no copy left running (they were for trips past the last)
     partials = [self.uop(UOps.LOAD, acc.dtype, (acc,), pure=False) for acc in accs]
     if packed is not None:  # each key's lane of its accumulator
       partials = [self.uop(UOps.GEP, reduceop.dtype, (partials[acc_keys.index(tuple(key[key_axes.index(axis)] for axis in acc_axes))],),
@@ -331,57 +339,6 @@ class Linearizer:
       last = reduceop is kernel.reduceops[-1] and all(other in outer.reduced for other in kernel.reduceops[:-1])
       partials = self.group_reduce(reduceop, partials, everyone=bool(self._open_loops) or not last or kernel.stores_rows)
     outer.reduced[reduceop] = (tuple(key_axes), dict(zip(keys, partials)))
-
-  def mma(self, scope: Scope, accs: list[UOp], keys: list[tuple[int, ...]], key_axes: list[int]) -> None:
-    """Accumulate on tensor cores: one mma for each of the scope's other lanes (the warp's tiles along M and N, the unrolled
-    steps of K), adding 16 x 8 x 16 products to the 4 accumulators of the thread's FRAGMENT lanes there. B's fragments are read
-    two at once (ldmatrix.x4) along the first lane axis B spans, where it has an even size."""
-    kernel, stage = self.kernel, cast(Node, scope.tile_stage)
-    a_tile, b_tile = sorted(self.tiles.values(), key=lambda tile: -kernel.full_shape[self._warp_axis(tile)])  # A spans WARP 8 (M)
-    fragment_axes = kernel.axes(AxisKind.FRAGMENT)
-    others = [axis for axis in scope.lane_axes if axis not in fragment_axes]
-    paired = next((axis for axis in others if axis in kernel.tile_axes(b_tile.number) and kernel.full_shape[axis] % 2 == 0), None)
-    for values in itertools.product(*[range(kernel.full_shape[axis]) for axis in others]):
-      at = scope.bound | dict(zip(others, map(NumNode, values)))
-      a = self.fragment(a_tile, at, stage)
-      if paired is None: b = self.fragment(b_tile, at, stage)
-      else:  # the pair's first place, and which of the two this is
-        first, second = divmod(cast(NumNode, at[paired]).b, 2)
-        b = self.fragment(b_tile, at | {paired: NumNode(2 * first)}, stage, paired)[2 * second:][:2]
-      quad = [accs[keys.index(tuple(cast(NumNode, (at | dict(zip(fragment_axes, map(NumNode, corner))))[axis]).b for axis in key_axes))]
-              for corner in ((0, 0), (0, 1), (1, 0), (1, 1))]
-      self.uop(UOps.WMMA, None, (*a, *b, *quad), kernel.bufs[a_tile.number].dtype, pure=False)
-
-  def _warp_axis(self, tile: Tile) -> int: return next(axis for axis in self.kernel.axes(AxisKind.WARP) if axis in self.kernel.tile_axes(tile.number))
-
-  def fragment(self, tile: Tile, at: dict[int, Node], stage: Node, paired: int | None = None) -> list[UOp]:
-    """Registers of an operand's fragment, read from its tile by one ldmatrix: of A (16 x 16 of M x K) four 8 x 8 matrices (M 0-7
-    and 8-15 at K 0-7, then at K 8-15), of B (8 x 16 of N x K) two, or four with the next place along axis `paired` too. Thread
-    `lane` gives the address of row lane % 8 of matrix lane // 8: a row of 8 along K or, where the tile's rows are along K
-    (`transposed`: K is not the contiguous axis), a row of 8 along M or N."""
-    kernel, tc = self.kernel, self.kernel.axes(AxisKind.TC)[0]
-    warp = self._warp_axis(tile)
-    fragment = next(axis for axis in kernel.axes(AxisKind.FRAGMENT) if axis in kernel.tile_axes(tile.number))
-    is_a, transposed = kernel.full_shape[warp] == 8, tile.layout.rows == tc
-    count = 4 if is_a or paired is not None else 2
-    matrix, row = (self.lane // 8) % count, self.lane % 8
-    outer = NumNode(0) if transposed else row  # the row's place along M (0..15) or N (0..7)
-    k = (matrix // 2 if is_a else matrix % 2) * (16 // tile.layout.dtype.itemsize) + (row if transposed else 0)  # a row: 16 bytes
-    place = {fragment: matrix % 2, warp: outer} if is_a else {warp: outer // 2, fragment: outer % 2}
-    if paired is not None: place[paired] = at[paired] + matrix // 2
-    if transposed and tile.layout.dtype.itemsize == 4:  # TF32 along M or N: ldmatrix moves 16-bit values, so a value a register,
-      # at (M g or g + 8, K t or t + 4) of A and (K t or t + 4, N g) of B, g and t the lane's quarter and its place in it
-      g, t = self.lane // 4, self.lane % 4
-      def value(j: int) -> UOp:
-        at_j = {fragment: NumNode(j % 2), warp: g} if is_a else {warp: g // 2, fragment: g % 2}
-        if paired is not None: at_j[paired] = at[paired] + j // 2
-        idxs = [(at | at_j | {tc: t + 4 * (j // 2 if is_a else j % 2)}).get(axis, NumNode(0)) for axis in range(kernel.shape_len)]
-        return self.uop(UOps.LOAD, dtypes.uint32, (tile.memory, self.index(tile.index(idxs, stage))))  # (pure, as LOAD_FRAGMENT)
-      return [value(j) for j in range(count)]
-    idxs = [(at | place | {tc: k}).get(axis, NumNode(0)) for axis in range(kernel.shape_len)]
-    address = self.index(tile.index(idxs, stage))
-    registers = self.uop(UOps.LOAD_FRAGMENT, dtypes.uint32.vec(count), (tile.memory, address), Fragment(count, transposed))
-    return [self.uop(UOps.GEP, dtypes.uint32, (registers,), i) for i in range(count)]
 
   def group_reduce(self, reduceop: LazyOp, partials: list[UOp], everyone: bool) -> list[UOp]:
     """Finish a reduce split across the work-group: the threads' partial results meet in local memory, where a tree adds them up

@@ -3,9 +3,11 @@ trip's tile into registers before this trip's work and stores it into the other 
 Tensor-core operands (TC) instead keep `tile_stages` tiles, copied in the background (copy_tiles) and guarded by split barriers,
 two a stage: its copies landed, and every thread done reading it. A trip starts the copies of the trip `tile_stages - 1` ahead
 into the stage the last trip read, once every thread is done with it, and waits for its own; no barrier holds every thread.
-Imports helpers, ops, shape/, codegen/kernel, codegen/uops; the Linearizer passes itself in.
+In a persistent kernel (PERSIST) the trips count on across its tiles. `mma` reads the operands' fragments from the stages and
+accumulates on tensor cores. Imports helpers, ops, shape/, codegen/kernel, codegen/uops; the Linearizer passes itself in.
 """
 from __future__ import annotations
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, cast
 from tinyc.dtype import dtypes
@@ -13,9 +15,9 @@ from tinyc.helpers import prod
 from tinyc.ops import MemBuffer
 from tinyc.shape.shapetracker import flatten_node, unflatten_node
 from tinyc.shape.symbolic import Node, NumNode
-from tinyc.codegen.uops import VECTOR_WIDTH, UOp, UOps
+from tinyc.codegen.uops import VECTOR_WIDTH, Fragment, UOp, UOps
 from tinyc.codegen.kernel import LANES, AxisKind, TileLayout
-if TYPE_CHECKING: from tinyc.codegen.linearizer import Address, Linearizer
+if TYPE_CHECKING: from tinyc.codegen.linearizer import Address, Linearizer, Scope
 
 @dataclass(frozen=True)
 class Tile:
@@ -39,9 +41,11 @@ def define_tile(ctx: Linearizer, number: int) -> Tile:
 
 def _placed(ctx: Linearizer, tile: Tile, bound: dict[int, Node], reduce_axes: list[int], trip: Node) -> dict[int, Node]:
   """The indices of a tile's copy along the axes it does not spread over: the thread's own, the trip's along the reduce axes (the
-  first again after the last), and 0 along the axes the buffer is broadcast along (Kernel.broadcast_along)."""
+  first again after the last) and, in a persistent kernel, along its SERIAL axis (trips count on across its tiles: the next tile's
+  first trips follow a tile's last; the first tile again after the last), and 0 along the axes the buffer is broadcast along."""
   kernel, trip_sizes = ctx.kernel, tuple(ctx.kernel.full_shape[axis] for axis in reduce_axes)
   placed = bound | dict(zip(reduce_axes, unflatten_node(trip % prod(trip_sizes), trip_sizes)))
+  placed |= {axis: (trip // prod(trip_sizes)) % kernel.full_shape[axis] for axis in kernel.axes(AxisKind.SERIAL)}
   return placed | {axis: NumNode(0) for axis in range(kernel.shape_len) if kernel.broadcast_along(tile.number, axis)}
 
 def load_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], trip: Node) -> list[TileShare]:
@@ -147,3 +151,55 @@ def store_tiles(ctx: Linearizer, shares: list[TileShare]) -> None:
   """Each thread's share into its tile, then a barrier: every thread reads the whole tile."""
   for share in shares: ctx.write(share.memory, share.sizes, share.values, share.addresses)
   ctx.barrier()
+
+def mma(ctx: Linearizer, scope: Scope, accs: list[UOp], keys: list[tuple[int, ...]], key_axes: list[int]) -> None:
+  """Accumulate on tensor cores: one mma for each of the scope's other lanes (the warp's tiles along M and N, the unrolled
+  steps of K), adding 16 x 8 x 16 products to the 4 accumulators of the thread's FRAGMENT lanes there. B's fragments are read
+  two at once (ldmatrix.x4) along the first lane axis B spans, where it has an even size."""
+  kernel, stage = ctx.kernel, cast(Node, scope.tile_stage)
+  a_tile, b_tile = sorted(ctx.tiles.values(), key=lambda tile: -kernel.full_shape[_warp_axis(ctx, tile)])  # A spans WARP 8 (M)
+  fragment_axes = kernel.axes(AxisKind.FRAGMENT)
+  others = [axis for axis in scope.lane_axes if axis not in fragment_axes]
+  paired = next((axis for axis in others if axis in kernel.tile_axes(b_tile.number) and kernel.full_shape[axis] % 2 == 0), None)
+  for values in itertools.product(*[range(kernel.full_shape[axis]) for axis in others]):
+    at = scope.bound | dict(zip(others, map(NumNode, values)))
+    a = fragment(ctx, a_tile, at, stage)
+    if paired is None: b = fragment(ctx, b_tile, at, stage)
+    else:  # the pair's first place, and which of the two this is
+      first, second = divmod(cast(NumNode, at[paired]).b, 2)
+      b = fragment(ctx, b_tile, at | {paired: NumNode(2 * first)}, stage, paired)[2 * second:][:2]
+    quad = [accs[keys.index(tuple(cast(NumNode, (at | dict(zip(fragment_axes, map(NumNode, corner))))[axis]).b for axis in key_axes))]
+            for corner in ((0, 0), (0, 1), (1, 0), (1, 1))]
+    ctx.uop(UOps.WMMA, None, (*a, *b, *quad), kernel.bufs[a_tile.number].dtype, pure=False)
+
+def _warp_axis(ctx: Linearizer, tile: Tile) -> int:
+  return next(axis for axis in ctx.kernel.axes(AxisKind.WARP) if axis in ctx.kernel.tile_axes(tile.number))
+
+def fragment(ctx: Linearizer, tile: Tile, at: dict[int, Node], stage: Node, paired: int | None = None) -> list[UOp]:
+  """Registers of an operand's fragment, read from its tile by one ldmatrix: of A (16 x 16 of M x K) four 8 x 8 matrices (M 0-7
+  and 8-15 at K 0-7, then at K 8-15), of B (8 x 16 of N x K) two, or four with the next place along axis `paired` too. Thread
+  `lane` gives the address of row lane % 8 of matrix lane // 8: a row of 8 along K or, where the tile's rows are along K
+  (`transposed`: K is not the contiguous axis), a row of 8 along M or N."""
+  kernel, tc = ctx.kernel, ctx.kernel.axes(AxisKind.TC)[0]
+  warp = _warp_axis(ctx, tile)
+  fragment = next(axis for axis in kernel.axes(AxisKind.FRAGMENT) if axis in kernel.tile_axes(tile.number))
+  is_a, transposed = kernel.full_shape[warp] == 8, tile.layout.rows == tc
+  count = 4 if is_a or paired is not None else 2
+  matrix, row = (ctx.lane // 8) % count, ctx.lane % 8
+  outer = NumNode(0) if transposed else row  # the row's place along M (0..15) or N (0..7)
+  k = (matrix // 2 if is_a else matrix % 2) * (16 // tile.layout.dtype.itemsize) + (row if transposed else 0)  # a row: 16 bytes
+  place = {fragment: matrix % 2, warp: outer} if is_a else {warp: outer // 2, fragment: outer % 2}
+  if paired is not None: place[paired] = at[paired] + matrix // 2
+  if transposed and tile.layout.dtype.itemsize == 4:  # TF32 along M or N: ldmatrix moves 16-bit values, so a value a register,
+    # at (M g or g + 8, K t or t + 4) of A and (K t or t + 4, N g) of B, g and t the lane's quarter and its place in it
+    g, t = ctx.lane // 4, ctx.lane % 4
+    def value(j: int) -> UOp:
+      at_j = {fragment: NumNode(j % 2), warp: g} if is_a else {warp: g // 2, fragment: g % 2}
+      if paired is not None: at_j[paired] = at[paired] + j // 2
+      idxs = [(at | at_j | {tc: t + 4 * (j // 2 if is_a else j % 2)}).get(axis, NumNode(0)) for axis in range(kernel.shape_len)]
+      return ctx.uop(UOps.LOAD, dtypes.uint32, (tile.memory, ctx.index(tile.index(idxs, stage))))  # (pure, as LOAD_FRAGMENT)
+    return [value(j) for j in range(count)]
+  idxs = [(at | place | {tc: k}).get(axis, NumNode(0)) for axis in range(kernel.shape_len)]
+  address = ctx.index(tile.index(idxs, stage))
+  registers = ctx.uop(UOps.LOAD_FRAGMENT, dtypes.uint32.vec(count), (tile.memory, address), Fragment(count, transposed))
+  return [ctx.uop(UOps.GEP, dtypes.uint32, (registers,), i) for i in range(count)]
