@@ -244,10 +244,11 @@ def _tensor_core_plan(kernel: Kernel) -> bool:
   return True
 
 def _persist(kernel: Kernel) -> None:
-  """Where there are more work-groups than compute units, each loops over tiles (PERSIST): the fewest a work-group that fit the
-  work-groups in one wave, split off the outermost GLOBAL axis that has such a divisor."""
+  """Where work-groups of 8 warps (one an SM: their registers fill it) outnumber the compute units, each loops over tiles (PERSIST):
+  the fewest a work-group that fit them in one wave, split off the outermost GLOBAL axis that has such a divisor. Smaller ones run
+  several to an SM, and one wave of them was too few: fp16 conv wgrad N64 C64 56x56 fell from 73 to 32 TFLOP/s."""
   groups, units = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GLOBAL)), kernel.target.compute_units
-  if groups <= units: return
+  if groups <= units or kernel.local_size < 8 * 32: return
   for position, axis in enumerate(kernel.axes(AxisKind.GLOBAL)):
     size = kernel.full_shape[axis]
     fitting = [tiles for tiles in range(2, size + 1) if size % tiles == 0 and groups // tiles <= units]
