@@ -202,8 +202,8 @@ def _tensor_core_plan(kernel: Kernel) -> bool:
   """A sum of products of 16-bit floats on tensor cores, if TC applies (after padding M and N to multiples of 128, 64 or 16 and
   K of 32 or 16, where that wastes at most a third; N to the tile _n_tile picks): warps each computing 64 x 64 outputs (4 x 8 mma
   tiles), 2 x 4 or 2 x 2 of them, or 2 x 4 of 64 x 48; 128 bytes of each row of the reduce a loop trip; 3 tile stages (2 where local
-  memory is short); smaller tiles where an axis is short. The tiles come from L2, and its bandwidth (about 5 TB/s) is what bounds
-  a work-group's tile: 128 x 128 outputs top out near 320 TFLOP/s, 128 x 256 near 430. Measured on the H200 at 4096 (fp16, cuBLAS
+  memory is short); smaller tiles where an axis is short. The tiles come from L2, where a byte gives 128 x 256 outputs more work
+  than 128 x 128; then PERSIST where work-groups outnumber SMs (_persist). Measured on the H200 at 4096 before PERSIST (fp16, cuBLAS
   about 700, with clusters sharing tiles): 388-409 TFLOP/s in every layout with 2 x 4 warps, 320-345 with 2 x 2, 310 with 2 x 2
   warps and 64 bytes a trip. Before the stages had split barriers (a barrier of every thread each trip), 2 x 4 warps gave 310."""
   if not (operands := kernel.tensor_core_operands()): return False
