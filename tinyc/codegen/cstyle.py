@@ -352,8 +352,7 @@ class CStyleRenderer:
     # a fixed work-group of over 256 threads is named to ptxas, which then keeps to the registers that many may have (the launch
     # failed); up to 256, any count it uses fits, and naming the size changed its choices (fp32 NT 3000³ on the H200: 37 -> 30 TFLOP/s)
     group = [uop.arg.size for uop in self.uops if uop.op is UOps.SPECIAL and uop.arg.kind is ThreadKind.LOCAL]
-    launchable = dialect.launch_bounds is None or not all_int(group) or prod(group) <= 256
-    bounds = "" if launchable else self.require(dialect.launch_bounds, group[0])(prod(group))
+    bounds = dialect.launch_bounds(prod(group)) if dialect.launch_bounds is not None and all_int(group) and prod(group) > 256 else ""
     return f"{dialect.prelude}{dialect.kernel_prefix}void {bounds}{self.function_name}({', '.join(params)}) {{\n{body}\n}}\n"
 
   def barrier_address(self, uop: UOp) -> str: return self.shared_address(uop.src[0], self.names[uop.src[1]])
