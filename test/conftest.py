@@ -58,7 +58,8 @@ def _compile_every_kernel_as_cuda():
     return
   from tinyc.codegen.cstyle import render_cuda
   from tinyc.codegen.heuristic import hand_coded_optimizations
-  from tinyc.codegen.kernel import Kernel, KernelOptError, KernelTarget
+  from tinyc.codegen.kernel import GPU_MAX_UPCAST, Kernel, KernelOptError, KernelTarget
+  H200_TARGET = KernelTarget(has_local=True, tensor_cores=True, warpgroups=True, local_memory_bytes=227 * 1024, max_upcast=GPU_MAX_UPCAST, compute_units=132)
   from tinyc.codegen.linearizer import Linearizer
   from tinyc.runtime.nvrtc import compile_cuda
   original, seen = Compiled.get_program, set()
@@ -66,13 +67,13 @@ def _compile_every_kernel_as_cuda():
     program = original(self, ast, opts)
     if (ast, opts) not in seen:
       seen.add((ast, opts))
-      kernel = Kernel(ast, KernelTarget(has_local=True, tensor_cores=True))  # as on an H200: what the GPU heuristic or the Opts make of it
+      kernel = Kernel(ast, H200_TARGET)  # as on an H200: what the GPU heuristic or the Opts make of it
       if opts is None: hand_coded_optimizations(kernel)
       try:
         for opt in opts or (): kernel.apply_opt(opt)
       except KernelOptError: return program  # Opts this device allows and an H200 does not (PoCL's work-groups are larger)
       kernel.limit_global_dims(3)
-      compile_cuda(program.name, render_cuda(program.name, Linearizer(kernel, threads=True).linearize()), "sm_90", "ptx")
+      compile_cuda(program.name, render_cuda(program.name, Linearizer(kernel, threads=True).linearize()), "sm_90a", "ptx")
     return program
   Compiled.get_program = get_program_and_check_cuda
   yield

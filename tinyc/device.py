@@ -20,7 +20,7 @@ from tinyc.shape.symbolic import Variable, sym_infer
 from tinyc.codegen.kernel import CPU_TARGET, Kernel, KernelTarget, Opt
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.linearizer import Linearizer
-from tinyc.codegen.uops import ThreadKind, UOps, UOp, executed, mma_flops_per_thread
+from tinyc.codegen.uops import ThreadKind, UOps, UOp, executed, tensor_core_flops
 from tinyc.codegen.cpu_split import outer_split
 from tinyc.codegen.search import ast_text, cache_execute, code_version, compile_pool
 
@@ -293,8 +293,9 @@ def lower(kernel: Kernel, threads: bool, max_local: int) -> LoweredKernel:
 def count_flops(uops: list[UOp]) -> int:
   """A kernel's float operations: each float ALU op (each lane of a vector) counts once per iteration of its loops."""
   alu = executed(uops, lambda uop: uop.op is UOps.ALU and uop.dtype is not None and dtypes.is_float(uop.dtype.scalar()))
-  def mmas_of(dtype: DType) -> Callable[[UOp], bool]: return lambda uop: uop.op is UOps.WMMA and uop.arg == dtype
-  return alu + sum(mma_flops_per_thread(dtype) * executed(uops, mmas_of(dtype)) for dtype in {uop.arg for uop in uops if uop.op is UOps.WMMA})
+  per_thread = {(uop.op, uop.arg): tensor_core_flops(uop) for uop in uops if uop.op in (UOps.WMMA, UOps.WGMMA)}
+  def mmas_of(key: tuple) -> Callable[[UOp], bool]: return lambda uop: (uop.op, uop.arg) == key
+  return alu + sum(flops * executed(uops, mmas_of(key)) for key, flops in per_thread.items())
 
 BACKENDS = ("CUDA", "GPU", "LLVM")
 BACKEND_MODULES = {"CUDA": "ops_cuda", "GPU": "ops_opencl", "LLVM": "ops_llvm"}

@@ -19,6 +19,7 @@ class OptOps(Enum):
   STAGE = auto()     # read input buffer number `axis` (1 is the first input) through local memory, a tile a reduce loop trip
   TC = auto()        # compute the sum of products on tensor cores; `axis` picks one of tensor_core_choices(), `amount` the tile stages (0: 2)
   PERSIST = auto()   # (after TC) a work-group computes `amount` tiles of GLOBAL axis `axis` in a loop, its copies running on into the next
+  WARPGROUP = auto() # (after TC and its UPCAST, LOCAL, UNROLL) each 4 warps compute their tile with wgmma, reading swizzled tiles (sm_90)
 
 class AxisKind(Enum):
   GLOBAL = auto()    # output axis: a loop on a CPU, the work-group id on a GPU
@@ -58,12 +59,14 @@ class TileLayout(NamedTuple):
   """A staged buffer's tile in local memory: `view` maps the kernel's full shape to a position (stride 0 along the axes the tile
   does not span); `size` elements of `dtype`, padding included; its axes in the buffer's memory order; `rows`: the axis whose
   stride is padded to an odd number of 16 bytes (of a tensor-core operand, the axis ldmatrix's rows step along: K when it is read
-  transposed), or None."""
+  transposed), or None. `row_length`: of a warpgroup operand (WARPGROUP), the elements of its contiguous dimension; its rows are
+  stored 128 bytes at a time (a longer row's next 128 bytes after every row's first), their 16-byte chunks swizzled (tiles.py)."""
   view: View
   size: int
   dtype: DType
   load_order: list[int]
   rows: int | None
+  row_length: int = 0
 
 class KernelOptError(ValueError):
   """An Opt that does not apply to this kernel; the kernel is left as it was."""
@@ -77,6 +80,7 @@ class KernelTarget:
   max_local_dim_sizes: tuple[int, ...] = (1024, 1024, 64)  # threads along each launch dimension (x, y, z)
   max_upcast: int = 256              # upcast lanes an Opt list may reach (see MAX_UPCAST)
   tensor_cores: bool = False         # warp-level mma.sync m16n8k16 on 16-bit floats, operands read with ldmatrix (CUDA, sm_80 on)
+  warpgroups: bool = False           # warpgroup-level wgmma m64nNk16, operands read from local memory by descriptors (CUDA sm_90)
   vector_lanes: int = 8              # 32-bit lanes of a CPU vector register (AVX2 8, AVX-512 16): CPU register tiles scale with it
   compute_units: int = 1             # work-groups that run side by side at most once each (a GPU's SMs): how many fill the device
 

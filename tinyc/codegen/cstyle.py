@@ -13,7 +13,7 @@ from typing import Any, Callable, cast
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import all_int, prod
 from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
-from tinyc.codegen.uops import PACKED_16_BIT, Fragment, ThreadKind, UOp, UOps
+from tinyc.codegen.uops import PACKED_16_BIT, Fragment, ThreadKind, UOp, UOps, Warpgroup
 
 def _is_signed(dtype: DType) -> bool: return dtypes.is_int(dtype) and not dtypes.is_unsigned(dtype)
 def _max(a: str, b: str) -> str: return f"((({a})!=({a}) || ({a})>({b})) ? ({a}) : ({b}))"  # NaN wins, like torch.maximum
@@ -60,6 +60,8 @@ class CStyleDialect:
   barrier_init: Callable[[str, int], str] | None = None  # (address of the first, count) -> statement: split barriers of all threads
   barrier_arrive: Callable[[str], str] | None = None  # (barrier address) -> statement
   launch_bounds: Callable[[int], str] | None = None  # (threads of a work-group) -> what tells the compiler, before the kernel's name
+  wgmma: Callable[[Warpgroup, str, str, list[str]], str] | None = None  # (arg, A's and B's shared addresses, accumulators) -> statement
+  warpgroup_sync: Callable[[str], str] | None = None  # (WARPGROUP_SYNC's arg) -> statement
   barrier_wait: Callable[[str, str], str] | None = None  # (barrier address, phase parity) -> statement
   local_pointer_prefix: str = ""  # before a pointer type into work-group-shared memory
   static_local_bytes: int | None = None  # local memory a kernel may declare as arrays; more is dynamic, its size in a comment (CUDA)
@@ -72,7 +74,7 @@ _COMMON_TYPES = {dtypes.bool: "bool", dtypes.int8: "char", dtypes.uint8: "unsign
                  dtypes.float16: "float", dtypes.bfloat16: "float"}
 _XYZ = "xyz"
 # the uops that take a local memory's address
-ADDRESSED = (UOps.LOAD_FRAGMENT, UOps.COPY_ASYNC, UOps.ASYNC_COMMIT, UOps.BARRIER_INIT, UOps.BARRIER_ARRIVE, UOps.BARRIER_WAIT)
+ADDRESSED = (UOps.LOAD_FRAGMENT, UOps.COPY_ASYNC, UOps.ASYNC_COMMIT, UOps.BARRIER_INIT, UOps.BARRIER_ARRIVE, UOps.BARRIER_WAIT, UOps.WGMMA)
 _VECTOR_BASE_NAMES = {dtypes.float32: "float", dtypes.int32: "int", dtypes.uint32: "uint"}
 
 def _cuda_load_fragment(name: str, fragment: Fragment, address: str) -> str:
@@ -86,6 +88,18 @@ def _cuda_mma(dtype: DType, registers: list[str], accs: list[str]) -> str:
   outputs, inputs = ", ".join(f'"+f"({acc})' for acc in accs), ", ".join(f'"r"({register})' for register in registers)
   instruction = f"mma.sync.aligned.m16n8k{k}.row.col.f32.{kind}.{kind}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"
   return f'asm("{instruction}" : {outputs} : {inputs});'
+
+def _cuda_wgmma(arg: Warpgroup, a_address: str, b_address: str, accs: list[str]) -> str:
+  kind = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}[arg.dtype]
+  descriptors = [f"(((unsigned long long)(({address})>>4)&0x3FFF)|0x{bits:x}ull)" for address, bits in ((a_address, arg.a_bits), (b_address, arg.b_bits))]
+  registers, n = ",".join(f"%{i}" for i in range(len(accs))), len(accs)
+  instruction = (f"{{ .reg .pred p; setp.ne.b32 p, 1, 0; wgmma.mma_async.sync.aligned.m64n{arg.n}k16.f32.{kind}.{kind} {{{registers}}}, "
+                 f"%{n}, %{n + 1}, p, 1, 1, {int(arg.a_transposed)}, {int(arg.b_transposed)}; }}")
+  outputs = ", ".join(f'"+f"({acc})' for acc in accs)
+  return f'asm volatile("{instruction}" : {outputs} : "l"({descriptors[0]}), "l"({descriptors[1]}) : "memory");'
+
+_WARPGROUP_SYNCS = {"fence": "wgmma.fence.sync.aligned;", "commit": "wgmma.commit_group.sync.aligned;", "wait 0": "wgmma.wait_group.sync.aligned 0;",
+                    "wait 1": "wgmma.wait_group.sync.aligned 1;", "proxy": "fence.proxy.async.shared::cta;"}
 
 def _cuda_copy_async(target: str, source: str, copied: int, size: str) -> str:
   instruction = f"cp.async.{'cg' if copied == 16 else 'ca'}.shared.global [%0], [%1], {copied}, %2;"  # .cg (past L1) takes only 16
@@ -124,7 +138,8 @@ CUDA_DIALECT = CStyleDialect(
   barrier_arrive=lambda barrier: (f'asm volatile("{{ .reg .b64 state; mbarrier.arrive.shared.b64 state, [%0]; }}" : : "r"({barrier}) '
                                   ': "memory");'),
   barrier_wait=lambda barrier, parity: f"__barrier_wait({barrier}, {parity});", static_local_bytes=48 * 1024,
-  launch_bounds=lambda threads: f"__launch_bounds__({threads}) ",
+  launch_bounds=lambda threads: f"__launch_bounds__({threads}) ", wgmma=_cuda_wgmma,
+  warpgroup_sync=lambda arg: f'asm volatile("{_WARPGROUP_SYNCS[arg]}" : : : "memory");',
   infinity="__int_as_float(0x7f800000)", nan="__int_as_float(0x7fc00000)")
 
 OPENCL_DIALECT = CStyleDialect(
@@ -278,9 +293,10 @@ class CStyleRenderer:
     sizes = [-(-uop.arg.size * uop.dtype.itemsize // 16) * 16 for uop in locals_]  # type: ignore[union-attr]
     dynamic_offsets = dict(zip(locals_, itertools.accumulate([0] + sizes)))
     if dynamic_bytes := sum(sizes) if dialect.static_local_bytes is not None and sum(sizes) > dialect.static_local_bytes else 0:
-      declaration = f"extern {dialect.local_prefix}unsigned char dynamic_local[] __attribute__((aligned(16)));"
+      declaration = f"extern {dialect.local_prefix}unsigned char dynamic_local[] __attribute__((aligned(1024)));"
       self.emit(f"{declaration}  /* dynamic local memory: {dynamic_bytes} bytes */")
-    addressed = {uop.src[0] for uop in self.uops if uop.op in ADDRESSED}  # locals read or written by address
+    addressed = {src for uop in self.uops if uop.op in ADDRESSED for src in uop.src[:3:2 if uop.op is UOps.WGMMA else 3]}  # locals read or written by address
+    alignment = 1024 if any(uop.op is UOps.WGMMA for uop in self.uops) else 16  # swizzled tiles: see tiles.swizzled
     for uop in self.uops:
       dtype = uop.dtype if uop.dtype is not None else dtypes.bool  # (ops without a dtype do not read it)
       if uop.op in (UOps.DEFINE_GLOBAL, UOps.SPECIAL, UOps.DEFINE_LOCAL, UOps.LOOP): self.names[uop] = uop.arg.name
@@ -299,7 +315,7 @@ class CStyleRenderer:
         if dynamic_bytes:  # a part of the dynamic memory, 16-byte aligned
           self.emit(f"{self.memory_type(dtype)}* {uop.arg.name} = ({self.memory_type(dtype)}*)(dynamic_local+{dynamic_offsets[uop]});")
         else:  # 16-byte aligned for vector reads and writes: an array of float is only 4-byte aligned, and CUDA faults on a misaligned float4
-          self.emit(f"{dialect.local_prefix}{self.memory_type(dtype)} {uop.arg.name}[{uop.arg.size}] __attribute__((aligned(16)));")
+          self.emit(f"{dialect.local_prefix}{self.memory_type(dtype)} {uop.arg.name}[{uop.arg.size}] __attribute__((aligned({alignment})));")
         if uop in addressed: self.emit(f"unsigned int {uop.arg.name}_address = {self.require(dialect.shared_address, uop)(uop.arg.name)};")
       elif uop.op is UOps.BARRIER: self.emit(dialect.barrier)
       elif uop.op is UOps.LOOP:
@@ -335,6 +351,10 @@ class CStyleRenderer:
       elif uop.op is UOps.WMMA:
         registers, accs = [self.names[src] for src in uop.src[:6]], [self.names[src] for src in uop.src[6:]]
         self.emit(self.require(dialect.mma, uop)(uop.arg, registers, accs))
+      elif uop.op is UOps.WGMMA:
+        a_address, b_address = (self.shared_address(uop.src[i], self.names[uop.src[i + 1]]) for i in (0, 2))
+        self.emit(self.require(dialect.wgmma, uop)(uop.arg, a_address, b_address, [self.names[src] for src in uop.src[4:]]))
+      elif uop.op is UOps.WARPGROUP_SYNC: self.emit(self.require(dialect.warpgroup_sync, uop)(uop.arg))
       elif uop.op is UOps.COPY_ASYNC:
         target, source = self.shared_address(uop.src[0], self.names[uop.src[1]]), f"{self.names[uop.src[2]]}+{self.names[uop.src[3]]}"
         if len(uop.src) == 5: source = f"{self.names[uop.src[2]]}+({self.names[uop.src[4]]}?{self.names[uop.src[3]]}:0)"

@@ -31,7 +31,7 @@ from tinyc.codegen.uops import PYTHON_ALU
 from tinyc.codegen.axes import (CPU_TARGET, GPU_MAX_UPCAST, KIND_COLORS, LANES, LAYOUT_RANK, MAX_UPCAST, REDUCE_SIDE, SPLIT_KINDS, TC_DTYPES,
                                 TC_SHAPE, THREADS, AxisKind, KernelOptError, KernelTarget, Opt, OptOps, TileLayout, tc_reduce)
 from tinyc.shape.shapetracker import ShapeTracker
-from tinyc.shape.symbolic import AndNode, Node, Variable, sym_max
+from tinyc.shape.symbolic import AndNode, Node, Variable, sint, sym_max
 from tinyc.shape.view import View
 
 MAX_OUTER_GROUPS = 65535  # work-groups a GPU launches along y and z (CUDA; NVIDIA's OpenCL alike)
@@ -58,6 +58,7 @@ class Kernel:
     self.dont_use_locals = False
     self.staged: tuple[int, ...] = ()  # buffer numbers read through local memory
     self.tile_stages = 2  # the tiles of a staged input in local memory: this trip's, and those being filled for the next
+    self.warpgroups = False  # TC's tiles computed by warpgroups (WARPGROUP)
     self.applied_opts: list[Opt] = []
     self._sort_layout()
     self._drop_size_one_axes()
@@ -145,6 +146,13 @@ class Kernel:
     load_order = sorted(axes, key=lambda axis: -stride(axis))
     unrolled = [axis for axis in axes if self.kinds[axis] is AxisKind.UNROLL]
     dtype, rows, order = self.bufs[number].dtype, None, unrolled + [axis for axis in load_order if axis not in unrolled]
+    if self.warpgroups:  # rows of the contiguous dimension (K, or M or N), dense: tiles.py stores them as wgmma reads them
+      contiguous = self._contiguous_dimension(number)
+      order = [axis for axis in load_order if axis not in contiguous] + contiguous
+      view = View.create(self.full_shape, tuple(_dense_strides(order, self.full_shape).get(axis, 0) for axis in range(self.shape_len)))
+      size = prod(self.full_shape[axis] for axis in order)
+      return TileLayout(view, size, {2: dtypes.uint16, 4: dtypes.uint32}[dtype.itemsize], load_order, None,
+                        prod(self.full_shape[axis] for axis in contiguous))
     if self.axes(AxisKind.TC):  # the 8 rows and columns of ldmatrix's matrices: along M (WARP 8) or N (WARP 4 x FRAGMENT 2), and K
       tc, warp = self.axes(AxisKind.TC)[0], next(axis for axis in axes if self.kinds[axis] is AxisKind.WARP)
       outer = [warp] if self.full_shape[warp] == 8 else [warp, next(a for a in axes if self.kinds[a] is AxisKind.FRAGMENT and a > warp)]
@@ -228,6 +236,7 @@ class Kernel:
     if opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.NOLOCALS, OptOps.STAGE, OptOps.TC):
       _check(self.target.has_local, opt, "this device has no work-groups")
       _check(not self.dont_use_locals, opt, "NOLOCALS was applied")
+    _check(not self.warpgroups or opt.op is OptOps.PERSIST, opt, "WARPGROUP comes after every Opt but PERSIST")
     if opt.op is OptOps.NOLOCALS:
       _check(not self.axes(*THREADS), opt, "the kernel already chose its locals")
       self.dont_use_locals = True
@@ -237,6 +246,7 @@ class Kernel:
     if opt.op is OptOps.STAGE: return self._stage(opt)
     if opt.op is OptOps.TC: return self._tensor_core(opt)
     if opt.op is OptOps.PERSIST: return self._persist(opt)
+    if opt.op is OptOps.WARPGROUP: return self._warpgroup(opt)
     global_axes, reduce_axes = self.axes(AxisKind.GLOBAL), self.axes(AxisKind.REDUCE)
     allowed = {OptOps.UPCAST: global_axes, OptOps.LOCAL: global_axes, OptOps.UNROLL: reduce_axes, OptOps.GROUP: reduce_axes,
                OptOps.GROUPTOP: reduce_axes, OptOps.PADTO: global_axes + reduce_axes}[opt.op]
@@ -339,6 +349,36 @@ class Kernel:
     _check(isinstance(size, int) and opt.amount > 1 and size % opt.amount == 0, opt, f"amount {opt.amount} must be > 1 and divide {size}")
     self.shift_to(global_axes[opt.axis], opt.amount, AxisKind.SERIAL, top=True)
 
+  def _contiguous_dimension(self, number: int) -> list[int]:
+    """A tensor-core operand's K axes (UNROLL, TC) where K is its contiguous axis, else its own output axes (M or N), outermost first."""
+    axes, strides = self.tile_axes(number), self.sts[number].real_strides(ignore_valid=True)
+    k_axes = [axis for axis in axes if self.kinds[axis] in (AxisKind.UNROLL, AxisKind.TC)]
+    chosen = k_axes if strides[self.axes(AxisKind.TC)[0]] == 1 else [axis for axis in axes if axis not in k_axes]
+    return sorted(chosen, key=lambda axis: -cast(int, strides[axis] or 0))
+
+  def _warpgroup(self, opt: Opt) -> None:
+    """Each 4 warps of the work-group (a warpgroup: 64 rows of M, 16 a warp, as TC split them) compute all of N with one wgmma
+    m64nNk16 a step of K, both operands read from their tiles by descriptors. So the plan must be TC's with one LOCAL axis along
+    M (4 or 8 warps), one UPCAST along N (N/8 mma tiles, N up to 256), 128 bytes of K a trip (UNROLL), nothing else; and each
+    operand's tile dense rows along its contiguous dimension (K, or M or N: then a multiple of 64 elements)."""
+    _check(self.target.warpgroups, opt, "this device has no warpgroup mma (wgmma: CUDA sm_90)")
+    _check(bool(self.axes(AxisKind.TC)) and not self.axes(AxisKind.SERIAL), opt, "WARPGROUP comes after TC and before PERSIST")
+    a, b = sorted(self.staged, key=lambda number: -max(self.full_shape[axis] for axis in self.tile_axes(number) if self.kinds[axis] is AxisKind.WARP))
+    local, upcast = self.axes(AxisKind.LOCAL), self.axes(AxisKind.UPCAST)
+    _check(self.bufs[a].dtype in TC_DTYPES, opt, "WARPGROUP takes 16-bit operands")
+    _check(len(local) == 1 and self.full_shape[local[0]] in (4, 8) and local[0] in self.tile_axes(a) and local[0] not in self.tile_axes(b),
+           opt, "WARPGROUP needs one LOCAL axis of 4 or 8 warps along M")
+    _check(len(upcast) == 1 and upcast[0] in self.tile_axes(b) and upcast[0] not in self.tile_axes(a) and 8 * self.full_shape[upcast[0]] <= 256,
+           opt, "WARPGROUP needs one UPCAST axis along N, of at most 32 mma tiles")
+    _check(not self.axes(AxisKind.GROUP) and self.size_of(AxisKind.UNROLL, AxisKind.TC) * self.bufs[a].dtype.itemsize == 128, opt,
+           "WARPGROUP needs 128 bytes of K a trip (UNROLL), and no GROUP")
+    for number in (a, b):
+      contiguous, strides = self._contiguous_dimension(number), self.sts[number].real_strides(ignore_valid=True)
+      _check(list(_dense_strides(contiguous, self.full_shape).values()) == [strides[axis] for axis in contiguous] and
+             prod(self.full_shape[axis] for axis in contiguous) % (128 // self.bufs[a].dtype.itemsize) == 0, opt,
+             f"buffer {number} is not contiguous along K, nor along its own axes for a multiple of 128 bytes")
+    self.warpgroups = True
+
   def _check_limits(self, opt: Opt) -> None:
     _check(self.upcast_size <= self.target.max_upcast, opt,
            f"{self.upcast_size} upcast lanes is over the limit of {self.target.max_upcast}; use a smaller amount")
@@ -405,6 +445,12 @@ def _format_ast(node: LazyOp, depth: int = 0) -> str:
   lines = [f"{'  ' * depth}{node.op.name} {arg if arg is not None else ''}".rstrip()]
   lines += [_format_ast(src, depth + 1) for src in node.src]
   return "\n".join(lines)
+
+def _dense_strides(order: Sequence[int], shape: Sequence[sint]) -> dict[int, int]:
+  """Row-major strides of the axes in `order` (outermost first), by axis."""
+  strides, size = {}, 1
+  for axis in reversed(order): strides[axis], size = size, size * cast(int, shape[axis])
+  return dict(reversed(strides.items()))
 
 def _check(condition: bool, opt: Opt, reason: str) -> None:
   if not condition: raise KernelOptError(f"{opt}: {reason}")

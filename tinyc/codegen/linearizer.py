@@ -16,7 +16,7 @@ from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Nod
 from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel, partials_dtype
 from tinyc.codegen.uops import (PACKED_16_BIT, PYTHON_ALU, VECTOR_WIDTH, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind,
                                UOp, UOps, cast_python_value, without_unused)
-from tinyc.codegen.tiles import Tile, define_tile, enter_trip, leave_trip, load_tiles, mma, start_tile_copies, store_tiles
+from tinyc.codegen.tiles import Tile, define_tile, enter_trip, leave_trip, load_tiles, mma, start_tile_copies, store_tiles, wgmma
 from tinyc.codegen.packing import LOADED_DTYPES, pack, packed_axis
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
@@ -61,6 +61,7 @@ class Linearizer:
     self._value_axes: dict[LazyOp, frozenset[int]] = {}
     self._partials: dict[LazyOp, UOp] = {}  # each group reduce's local memory
     self._stage_barriers: UOp | None = None  # a persistent kernel's tile stage barriers (made before the loop over its tiles)
+    self.tiles_stored = False  # whether threads store tensor-core tiles themselves (not all copies in the background)
     self._locals: list[UOp] = []  # defined right after the parameters, at the kernel's scope, wherever they are used
     self._open_loops: list[UOp] = []  # the loops around the code being made
     self.index_dtype = dtypes.int32 if max(st.real_size() for st in kernel.sts) < 2**31 else dtypes.int64
@@ -316,8 +317,8 @@ class Linearizer:
       scope.tile_stage = trip % 2
       upcoming = load_tiles(self, scope.bound, looped, trip + 1)
     if tensor_cores:
-      mma(self, scope, accs, keys, key_axes)
-      leave_trip(self, barriers, trip)
+      (wgmma if kernel.warpgroups else mma)(self, scope, accs, keys, key_axes)
+      leave_trip(self, barriers, scope.bound, looped, trip)
     else:
       lanes = self.lanes(scope)
       if packed is not None: lanes = lanes._replace(packed=scope.lane_axes.index(packed))
@@ -330,6 +331,7 @@ class Linearizer:
       for acc, step in steps.values(): self.accumulate(op, acc, pack(self.uop, step))
     if self.tiles and not tensor_cores: store_tiles(self, upcoming)  # into the other tile, which every thread read before the last barrier
     for loop in reversed(loops): self.end(loop)
+    if kernel.warpgroups: self.uop(UOps.WARPGROUP_SYNC, None, (), "wait 0", pure=False)  # the accumulators are final
     if tensor_cores and not serial: self.uop(UOps.ASYNC_WAIT, None, pure=False)  # no copy left running (they were for trips past the last)
     partials = [self.uop(UOps.LOAD, acc.dtype, (acc,), pure=False) for acc in accs]
     if packed is not None:  # each key's lane of its accumulator

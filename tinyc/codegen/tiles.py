@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, cast
 from tinyc.dtype import dtypes
 from tinyc.helpers import prod
-from tinyc.ops import MemBuffer
+from tinyc.ops import BinaryOps, MemBuffer
 from tinyc.shape.shapetracker import flatten_node, unflatten_node
 from tinyc.shape.symbolic import Node, NumNode
-from tinyc.codegen.uops import VECTOR_WIDTH, Fragment, UOp, UOps
+from tinyc.codegen.uops import VECTOR_WIDTH, Fragment, UOp, UOps, Warpgroup
 from tinyc.codegen.kernel import LANES, AxisKind, TileLayout
 if TYPE_CHECKING: from tinyc.codegen.linearizer import Address, Linearizer, Scope
 
@@ -25,7 +25,18 @@ class Tile:
   number: int        # the buffer's number in the kernel
   memory: UOp        # DEFINE_LOCAL of 2 * size elements
   layout: TileLayout
-  def index(self, idxs: list[Node], stage: Node) -> Node: return self.layout.view.expr_idxs(idxs) + stage * self.layout.size
+  def index(self, idxs: list[Node], stage: Node) -> Node:
+    """An element's place (unswizzled: see swizzled). A warpgroup operand's rows longer than 128 bytes go on after every row's first 128."""
+    position, length, run = self.layout.view.expr_idxs(idxs), self.layout.row_length, 128 // self.layout.dtype.itemsize
+    if length > run: position = (position % length) // run * (self.layout.size // length * run) + position // length * run + position % run
+    return position + stage * self.layout.size
+
+def swizzled(ctx: Linearizer, tile: Tile, index: Node) -> UOp:
+  """An element's index in its tile as stored: in a warpgroup operand's tile, the 16-byte chunks of each row of 128 bytes are
+  swizzled (chunk c of row r lies at c ^ (r % 8)), as wgmma reads them: the 8 rows it reads at once fall in different banks."""
+  if not tile.layout.row_length: return ctx.index(index)
+  run, chunk = 128 // tile.layout.dtype.itemsize, 16 // tile.layout.dtype.itemsize
+  return ctx.alu(BinaryOps.XOR, ctx.index_dtype, ctx.index(index), ctx.index((index // run) % 8 * chunk))
 
 class TileShare(NamedTuple):
   """What one thread copies into a tile: values (laid out as `sizes`) and each one's address there (index, gate)."""
@@ -95,14 +106,14 @@ def copy_tiles(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list[int], 
     def moves_together(width: int) -> bool:
       if prod(sizes) % width: return False
       sources = [st.expr_idxs(idxs(thread, lane, width)) for lane in range(width)]
-      targets = [tile.index(idxs(thread, lane, width), NumNode(0)) for lane in range(width)]
+      targets = [tile.layout.view.expr_idxs(idxs(thread, lane, width)) for lane in range(width)]  # (neighbours before a long row is split)
       return (sources[0][0] % width == 0 and targets[0] % width == 0 and all(valid == sources[0][1] for _, valid in sources) and
               all(source - sources[0][0] == i and target - targets[0] == i for i, ((source, _), target) in enumerate(zip(sources, targets))))
     bits = tile.layout.dtype
     width, memory = 16 // bits.itemsize if moves_together(16 // bits.itemsize) else 1, ctx.globals[cast(MemBuffer, kernel.bufs[tile.number]).idx]
     for turn in range(-(-prod(sizes) // (width * kernel.local_size))):
       chunk = thread + turn * kernel.local_size
-      (source, valid), target = st.expr_idxs(idxs(chunk, 0, width)), ctx.index(tile.index(idxs(chunk, 0, width), stage))
+      (source, valid), target = st.expr_idxs(idxs(chunk, 0, width)), swizzled(ctx, tile, tile.index(idxs(chunk, 0, width), stage))
       in_range = chunk < prod(sizes) // width  # the last turn may have threads to spare
       copied = width * bits.itemsize if width > 1 or bits.itemsize == 4 else 0  # bytes copied in the background
       index, gates = ctx.access(source, valid if copied else Node.ands([valid, in_range]))
@@ -124,7 +135,7 @@ def start_tile_copies(ctx: Linearizer, bound: dict[int, Node], reduce_axes: list
   barriers = ctx.define_local(dtypes.uint64, "stage_barriers", 2 * stages)
   ctx.uop(UOps.BARRIER_INIT, None, (barriers,), pure=False)
   ctx.barrier()
-  for stage in range(stages - 1): copy_tiles(ctx, bound, reduce_axes, NumNode(stage), NumNode(stage), barriers)
+  for stage in range(stages - 1): ctx.tiles_stored = copy_tiles(ctx, bound, reduce_axes, NumNode(stage), NumNode(stage), barriers)
   return barriers
 
 def enter_trip(ctx: Linearizer, barriers: UOp, bound: dict[int, Node], reduce_axes: list[int], trip: Node) -> Node:
@@ -133,16 +144,29 @@ def enter_trip(ctx: Linearizer, barriers: UOp, bound: dict[int, Node], reduce_ax
   trip's own tiles (phase trip // stages of theirs), and, where threads store tiles themselves, for every thread (a barrier).
   Returns this trip's stage."""
   stages = ctx.kernel.tile_stages
-  ahead = (trip + stages - 1) % stages
-  wait_for(ctx, barriers, ahead + stages, ((trip + stages - 1) // stages + 1) % 2)
-  stored = copy_tiles(ctx, bound, reduce_axes, trip + stages - 1, ahead, barriers)
+  if not ctx.kernel.warpgroups: copy_ahead(ctx, barriers, bound, reduce_axes, trip)
   wait_for(ctx, barriers, trip % stages, (trip // stages) % 2)
-  if stored: ctx.barrier()
+  if ctx.tiles_stored: ctx.barrier()
+  if ctx.tiles_stored and ctx.kernel.warpgroups: ctx.uop(UOps.WARPGROUP_SYNC, None, (), "proxy", pure=False)
   return trip % stages
 
-def leave_trip(ctx: Linearizer, barriers: UOp, trip: Node) -> None:
-  """This thread is done reading the trip's stage."""
-  ctx.uop(UOps.BARRIER_ARRIVE, None, (barriers, ctx.index(trip % ctx.kernel.tile_stages + ctx.kernel.tile_stages)), pure=False)
+def copy_ahead(ctx: Linearizer, barriers: UOp, bound: dict[int, Node], reduce_axes: list[int], trip: Node) -> None:
+  stages = ctx.kernel.tile_stages
+  ahead = (trip + stages - 1) % stages
+  wait_for(ctx, barriers, ahead + stages, ((trip + stages - 1) // stages + 1) % 2)
+  copy_tiles(ctx, bound, reduce_axes, trip + stages - 1, ahead, barriers)
+
+def leave_trip(ctx: Linearizer, barriers: UOp, bound: dict[int, Node], reduce_axes: list[int], trip: Node) -> None:
+  """This thread is done reading the trip's stage. With warpgroups, the wgmmas of the trip before are (this trip's still run),
+  so the thread arrives for that one's stage (not on the first trip), then starts the copies of trip + stages - 1 into it."""
+  stages = ctx.kernel.tile_stages
+  if not ctx.kernel.warpgroups:
+    ctx.uop(UOps.BARRIER_ARRIVE, None, (barriers, ctx.index(trip % stages + stages)), pure=False)
+    return
+  after_first = ctx.open_if(trip >= 1)
+  ctx.uop(UOps.BARRIER_ARRIVE, None, (barriers, ctx.index((trip + stages - 1) % stages + stages)), pure=False)
+  ctx.end(after_first)
+  copy_ahead(ctx, barriers, bound, reduce_axes, trip)
 
 def wait_for(ctx: Linearizer, barriers: UOp, index: Node, parity: Node) -> None:
   ctx.uop(UOps.BARRIER_WAIT, None, (barriers, ctx.index(index), ctx.index(parity)), pure=False)
@@ -171,6 +195,37 @@ def mma(ctx: Linearizer, scope: Scope, accs: list[UOp], keys: list[tuple[int, ..
     quad = [accs[keys.index(tuple(cast(NumNode, (at | dict(zip(fragment_axes, map(NumNode, corner))))[axis]).b for axis in key_axes))]
             for corner in ((0, 0), (0, 1), (1, 0), (1, 1))]
     ctx.uop(UOps.WMMA, None, (*a, *b, *quad), kernel.bufs[a_tile.number].dtype, pure=False)
+
+def wgmma(ctx: Linearizer, scope: Scope, accs: list[UOp], keys: list[tuple[int, ...]], key_axes: list[int]) -> None:
+  """Accumulate on tensor cores by warpgroups (WARPGROUP): for each unrolled step of K, one wgmma m64nNk16 of the thread's 4 warps
+  adds up the products of their 64 rows of A and all N columns of B, read from the stages by descriptors (address, the distance
+  between 8-row blocks, SBO, and for a transposed operand between 64-element blocks of its rows, LBO). Its accumulators are
+  mma.sync's, N / 8 tiles of them: of tile i, (FRAGMENT corner) registers 4i .. 4i + 3. Then the trip's wgmmas are committed and
+  those of the trip before waited for, so the next trip's copies may go into their stage."""
+  kernel, stage = ctx.kernel, cast(Node, scope.tile_stage)
+  a_tile, b_tile = sorted(ctx.tiles.values(), key=lambda tile: -kernel.full_shape[_warp_axis(ctx, tile)])
+  upcast, local, tc = kernel.axes(AxisKind.UPCAST)[0], kernel.axes(AxisKind.LOCAL)[0], kernel.axes(AxisKind.TC)[0]
+  fragment_axes = kernel.axes(AxisKind.FRAGMENT)
+  firsts = {axis: NumNode(0) for axis in kernel.axes(AxisKind.WARP, AxisKind.FRAGMENT, AxisKind.UPCAST, AxisKind.TC)}
+  firsts[local] = ctx.thread_idxs[local] // 4 * 4  # the warpgroup's first warp
+  def descriptor_bits(tile: Tile) -> int:
+    rows = tile.layout.size // tile.layout.row_length  # of 128 bytes, in a block of the transposed operand's rows
+    return (rows * 128 >> 4 << 16 if _transposed(ctx, tile) else 1 << 16) | (1024 >> 4) << 32 | 1 << 62  # swizzled by 128 bytes
+  arg = Warpgroup(kernel.bufs[a_tile.number].dtype, 8 * kernel.full_shape[upcast], descriptor_bits(a_tile), descriptor_bits(b_tile),
+                  _transposed(ctx, a_tile), _transposed(ctx, b_tile))
+  ordered = [accs[keys.index(tuple({upcast: i, fragment_axes[0]: corner // 2, fragment_axes[1]: corner % 2}[axis] for axis in key_axes))]
+             for i in range(kernel.full_shape[upcast]) for corner in range(4)]
+  ctx.uop(UOps.WARPGROUP_SYNC, None, (), "fence", pure=False)
+  steps = [axis for axis in scope.lane_axes if axis not in fragment_axes + [upcast]]
+  for values in itertools.product(*[range(kernel.full_shape[axis]) for axis in steps]):
+    at = scope.bound | dict(zip(steps, map(NumNode, values))) | firsts
+    starts = [ctx.index(tile.index([at.get(axis, NumNode(0)) for axis in range(kernel.shape_len)], stage)) for tile in (a_tile, b_tile)]
+    ctx.uop(UOps.WGMMA, None, (a_tile.memory, starts[0], b_tile.memory, starts[1], *ordered), arg, pure=False)
+  assert tc not in steps
+  ctx.uop(UOps.WARPGROUP_SYNC, None, (), "commit", pure=False)
+  ctx.uop(UOps.WARPGROUP_SYNC, None, (), "wait 1", pure=False)
+
+def _transposed(ctx: Linearizer, tile: Tile) -> bool: return ctx.kernel.kinds[tile.layout.load_order[-1]] is not AxisKind.TC  # (contiguous along M or N)
 
 def _warp_axis(ctx: Linearizer, tile: Tile) -> int:
   return next(axis for axis in ctx.kernel.axes(AxisKind.WARP) if axis in ctx.kernel.tile_axes(tile.number))

@@ -34,6 +34,9 @@ class UOps(Enum):
   BARRIER_INIT = auto()   # src: (barriers,): local memory of split barriers (CUDA mbarriers), each awaiting every thread of the work-group
   BARRIER_ARRIVE = auto() # src: (barriers, index): this thread is done with what the barrier guards (its reads and writes come first)
   BARRIER_WAIT = auto()   # src: (barriers, index, parity): wait until the barrier's phase of that parity (0 or 1) has completed
+  WGMMA = auto()          # src: (A's tile, index, B's tile, index, accumulators); arg: a Warpgroup; starts a warpgroup's m64nNk16 mma
+  WARPGROUP_SYNC = auto() # arg: "fence" (registers ready for wgmma), "commit" (the wgmmas since are a group), "wait N" (at most N
+                          # groups still running) or "proxy" (local memory stored by threads is seen by wgmma)
 
 class GlobalBuffer(NamedTuple):
   """DEFINE_GLOBAL's arg: a buffer the kernel takes as a pointer parameter. Parameters are in buffer-number order, outputs first."""
@@ -71,7 +74,20 @@ class Fragment(NamedTuple):
   matrices: int
   transposed: bool
 
-def mma_flops_per_thread(dtype: DType) -> int: return 2 * 16 * 8 * (32 // dtype.itemsize) // 32  # m16n8k16 (k8 for TF32), by 32 threads
+class Warpgroup(NamedTuple):
+  """WGMMA's arg: the operands' DType, N, and each operand's descriptor bits besides its address (where its rows of 128 bytes
+  lie, swizzled) and whether it is transposed (contiguous along M or N, not K)."""
+  dtype: DType
+  n: int
+  a_bits: int
+  b_bits: int
+  a_transposed: bool
+  b_transposed: bool
+
+def tensor_core_flops(uop: UOp) -> int:
+  """A thread's share of the products an mma (m16n8k16, k8 for TF32, by 32 threads) or a wgmma (m64nNk16, by 128) adds up."""
+  if uop.op is UOps.WGMMA: return 2 * 64 * uop.arg.n * 16 // 128
+  return 2 * 16 * 8 * (32 // uop.arg.itemsize) // 32
 
 VECTOR_WIDTH = 4  # lanes of a GPU vector load or store: 4 x 4 bytes is the widest single memory instruction
 PACKED_16_BIT = (dtypes.float16, dtypes.bfloat16)  # a vector of these is their bits, two to a 32-bit word (registers hold floats)

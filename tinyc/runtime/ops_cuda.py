@@ -67,7 +67,7 @@ class CUDAAllocator(Allocator):
 
 class CUDACompiler:
   def __init__(self, device: Any) -> None:
-    self.arch = "sm_%d%d" % device.compute_capability()
+    self.arch = "sm_%d%d" % device.compute_capability() + ("a" if device.compute_capability() == (9, 0) else "")  # sm_90a: wgmma
     self.modules: dict[str, Any] = {}
 
   def compile(self, name: str, source: str) -> Callable[..., float | None]:
@@ -177,7 +177,8 @@ def open_device() -> Compiled:
   target = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST, max_local_size=attribute("MAX_THREADS_PER_BLOCK"),
                         local_memory_bytes=attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
                         max_local_dim_sizes=(attribute("MAX_BLOCK_DIM_X"), attribute("MAX_BLOCK_DIM_Y"), attribute("MAX_BLOCK_DIM_Z")),
-                        tensor_cores=device.compute_capability() >= (8, 0), compute_units=attribute("MULTIPROCESSOR_COUNT"))
+                        tensor_cores=device.compute_capability() >= (8, 0), warpgroups=device.compute_capability() == (9, 0),
+                        compute_units=attribute("MULTIPROCESSOR_COUNT"))
   backend = Compiled("CUDA", CUDAAllocator(), render_cuda, compiler.compile, language="CUDA C", threads=True,
                      max_local=min(256, attribute("MAX_THREADS_PER_BLOCK")), target=target,
                      compile_binary=functools.partial(compile_cuda, arch=compiler.arch, output="cubin"), load=compiler.load,
