@@ -14,7 +14,7 @@ from tinyc.device import Compiled, Device
 
 EVERY_DEVICE = {"test_ops", "test_dtype", "test_tensor", "test_indexing", "test_schedule", "test_runtime", "test_jit", "test_graph_fuzz",
                 "test_opt_fuzz", "test_search", "test_kernel_opts", "test_stage", "test_index_checks",
-                "test_threads", "test_empty", "test_kernel_model", "test_tensor_cores", "test_matmul_grid", "test_schedule_reuse", "test_profiler",
+                "test_threads", "test_empty", "test_kernel_model", "test_tensor_cores", "test_warpgroups", "test_matmul_grid", "test_schedule_reuse", "test_profiler",
                 "test_symbolic_shapes", "test_compile_cache", "test_winograd"}
 SELECTORS = ("CUDA", "GPU", "LLVM", "DEVICE")
 
