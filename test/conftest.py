@@ -14,7 +14,8 @@ from tinyc.device import Compiled, Device
 
 EVERY_DEVICE = {"test_ops", "test_dtype", "test_tensor", "test_indexing", "test_schedule", "test_runtime", "test_jit", "test_graph_fuzz",
                 "test_opt_fuzz", "test_search", "test_kernel_opts", "test_stage", "test_index_checks",
-                "test_threads", "test_empty", "test_kernel_model", "test_tensor_cores", "test_warpgroups", "test_matmul_grid", "test_schedule_reuse", "test_profiler",
+                "test_threads", "test_empty", "test_kernel_model", "test_tensor_cores", "test_warpgroups", "test_matmul_grid",
+                "test_schedule_reuse", "test_profiler",
                 "test_symbolic_shapes", "test_compile_cache", "test_winograd"}
 SELECTORS = ("CUDA", "GPU", "LLVM", "DEVICE")
 
@@ -59,7 +60,8 @@ def _compile_every_kernel_as_cuda():
   from tinyc.codegen.cstyle import render_cuda
   from tinyc.codegen.heuristic import hand_coded_optimizations
   from tinyc.codegen.kernel import GPU_MAX_UPCAST, Kernel, KernelOptError, KernelTarget
-  H200_TARGET = KernelTarget(has_local=True, tensor_cores=True, warpgroups=True, local_memory_bytes=227 * 1024, max_upcast=GPU_MAX_UPCAST, compute_units=132)
+  H200_TARGET = KernelTarget(has_local=True, tensor_cores=True, warpgroups=True, local_memory_bytes=227 * 1024, max_upcast=GPU_MAX_UPCAST,
+                             compute_units=132)
   from tinyc.codegen.linearizer import Linearizer
   from tinyc.runtime.nvrtc import compile_cuda
   original, seen = Compiled.get_program, set()

@@ -91,7 +91,8 @@ def _cuda_mma(dtype: DType, registers: list[str], accs: list[str]) -> str:
 
 def _cuda_wgmma(arg: Warpgroup, a_address: str, b_address: str, accs: list[str]) -> str:
   kind = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}[arg.dtype]
-  descriptors = [f"(((unsigned long long)(({address})>>4)&0x3FFF)|0x{bits:x}ull)" for address, bits in ((a_address, arg.a_bits), (b_address, arg.b_bits))]
+  descriptors = [f"(((unsigned long long)(({address})>>4)&0x3FFF)|0x{bits:x}ull)"
+                 for address, bits in ((a_address, arg.a_bits), (b_address, arg.b_bits))]
   registers, n = ",".join(f"%{i}" for i in range(len(accs))), len(accs)
   instruction = (f"{{ .reg .pred p; setp.ne.b32 p, 1, 0; wgmma.mma_async.sync.aligned.m64n{arg.n}k16.f32.{kind}.{kind} {{{registers}}}, "
                  f"%{n}, %{n + 1}, p, 1, 1, {int(arg.a_transposed)}, {int(arg.b_transposed)}; }}")
@@ -295,7 +296,8 @@ class CStyleRenderer:
     if dynamic_bytes := sum(sizes) if dialect.static_local_bytes is not None and sum(sizes) > dialect.static_local_bytes else 0:
       declaration = f"extern {dialect.local_prefix}unsigned char dynamic_local[] __attribute__((aligned(1024)));"
       self.emit(f"{declaration}  /* dynamic local memory: {dynamic_bytes} bytes */")
-    addressed = {src for uop in self.uops if uop.op in ADDRESSED for src in uop.src[:3:2 if uop.op is UOps.WGMMA else 3]}  # locals read or written by address
+    # locals read or written by address (a WGMMA's two tiles)
+    addressed = {src for uop in self.uops if uop.op in ADDRESSED for src in uop.src[:3:2 if uop.op is UOps.WGMMA else 3]}
     alignment = 1024 if any(uop.op is UOps.WGMMA for uop in self.uops) else 16  # swizzled tiles: see tiles.swizzled
     for uop in self.uops:
       dtype = uop.dtype if uop.dtype is not None else dtypes.bool  # (ops without a dtype do not read it)

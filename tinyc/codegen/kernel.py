@@ -31,7 +31,8 @@ from tinyc.codegen.uops import PYTHON_ALU
 from tinyc.codegen.axes import (CPU_TARGET, GPU_MAX_UPCAST, KIND_COLORS, LANES, LAYOUT_RANK, MAX_UPCAST, REDUCE_SIDE, SPLIT_KINDS, TC_DTYPES,
                                 TC_SHAPE, THREADS, AxisKind, KernelOptError, KernelTarget, Opt, OptOps, TileLayout, tc_reduce)
 from tinyc.shape.shapetracker import ShapeTracker
-from tinyc.shape.symbolic import AndNode, Node, Variable, sint, sym_max
+from tinyc.codegen.warpgroups import check_opt, check_warpgroup, contiguous_dimension, dense_strides
+from tinyc.shape.symbolic import AndNode, Node, Variable, sym_max
 from tinyc.shape.view import View
 
 MAX_OUTER_GROUPS = 65535  # work-groups a GPU launches along y and z (CUDA; NVIDIA's OpenCL alike)
@@ -147,9 +148,9 @@ class Kernel:
     unrolled = [axis for axis in axes if self.kinds[axis] is AxisKind.UNROLL]
     dtype, rows, order = self.bufs[number].dtype, None, unrolled + [axis for axis in load_order if axis not in unrolled]
     if self.warpgroups:  # rows of the contiguous dimension (K, or M or N), dense: tiles.py stores them as wgmma reads them
-      contiguous = self._contiguous_dimension(number)
+      contiguous = contiguous_dimension(self, number)
       order = [axis for axis in load_order if axis not in contiguous] + contiguous
-      view = View.create(self.full_shape, tuple(_dense_strides(order, self.full_shape).get(axis, 0) for axis in range(self.shape_len)))
+      view = View.create(self.full_shape, tuple(dense_strides(order, self.full_shape).get(axis, 0) for axis in range(self.shape_len)))
       size = prod(self.full_shape[axis] for axis in order)
       return TileLayout(view, size, {2: dtypes.uint16, 4: dtypes.uint32}[dtype.itemsize], load_order, None,
                         prod(self.full_shape[axis] for axis in contiguous))
@@ -234,15 +235,15 @@ class Kernel:
 
   def _apply(self, opt: Opt) -> None:
     if opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.NOLOCALS, OptOps.STAGE, OptOps.TC):
-      _check(self.target.has_local, opt, "this device has no work-groups")
-      _check(not self.dont_use_locals, opt, "NOLOCALS was applied")
-    _check(not self.warpgroups or opt.op is OptOps.PERSIST, opt, "WARPGROUP comes after every Opt but PERSIST")
+      check_opt(self.target.has_local, opt, "this device has no work-groups")
+      check_opt(not self.dont_use_locals, opt, "NOLOCALS was applied")
+    check_opt(not self.warpgroups or opt.op is OptOps.PERSIST, opt, "WARPGROUP comes after every Opt but PERSIST")
     if opt.op is OptOps.NOLOCALS:
-      _check(not self.axes(*THREADS), opt, "the kernel already chose its locals")
+      check_opt(not self.axes(*THREADS), opt, "the kernel already chose its locals")
       self.dont_use_locals = True
       return
     if not all_int(self.full_shape):
-      _check(opt.op not in (OptOps.STAGE, OptOps.TC, OptOps.PADTO), opt, "a kernel with a symbolic axis does not take it")
+      check_opt(opt.op not in (OptOps.STAGE, OptOps.TC, OptOps.PADTO), opt, "a kernel with a symbolic axis does not take it")
     if opt.op is OptOps.STAGE: return self._stage(opt)
     if opt.op is OptOps.TC: return self._tensor_core(opt)
     if opt.op is OptOps.PERSIST: return self._persist(opt)
@@ -250,27 +251,28 @@ class Kernel:
     global_axes, reduce_axes = self.axes(AxisKind.GLOBAL), self.axes(AxisKind.REDUCE)
     allowed = {OptOps.UPCAST: global_axes, OptOps.LOCAL: global_axes, OptOps.UNROLL: reduce_axes, OptOps.GROUP: reduce_axes,
                OptOps.GROUPTOP: reduce_axes, OptOps.PADTO: global_axes + reduce_axes}[opt.op]
-    _check(0 <= opt.axis < len(allowed), opt, f"axis {opt.axis} is not one of this kernel's axes for it ({_describe(allowed)} in {self.full_shape})")
+    check_opt(0 <= opt.axis < len(allowed), opt,
+              f"axis {opt.axis} is not one of this kernel's axes for it ({_describe(allowed)} in {self.full_shape})")
     axis = allowed[opt.axis]
     size = self.full_shape[axis]
-    _check(isinstance(size, int), opt, f"axis {axis} has the symbolic size {size}: only concrete axes split")
+    check_opt(isinstance(size, int), opt, f"axis {axis} has the symbolic size {size}: only concrete axes split")
     assert isinstance(size, int)
     if opt.op is OptOps.PADTO: return self._pad_to(opt, axis, size)
     amount = size if opt.amount == 0 else opt.amount
-    _check(amount > 1 and size % amount == 0, opt, f"amount {amount} must be > 1 and divide the axis size {size}")
+    check_opt(amount > 1 and size % amount == 0, opt, f"amount {amount} must be > 1 and divide the axis size {size}")
     if opt.op in (OptOps.GROUP, OptOps.GROUPTOP):
-      _check(all(self.owners[group] == self.owners[axis] for group in self.axes(AxisKind.GROUP)), opt,
+      check_opt(all(self.owners[group] == self.owners[axis] for group in self.axes(AxisKind.GROUP)), opt,
              "every GROUP axis of a kernel must split the same reduces (their threads are shared)")
     self.shift_to(axis, amount, SPLIT_KINDS[opt.op], top=opt.op is OptOps.GROUPTOP)
     if amount == size: self._drop_size_one_axes()
 
   def _pad_to(self, opt: Opt, axis: int, size: int) -> None:
     padded = -(-size // opt.amount) * opt.amount if opt.amount > 1 else size
-    _check(padded != size, opt, f"the axis size {size} is already a multiple of {opt.amount}")
-    _check(padded - size <= size // 2, opt, f"padding {size} to {padded} wastes more than a third of the work")
+    check_opt(padded != size, opt, f"the axis size {size} is already a multiple of {opt.amount}")
+    check_opt(padded - size <= size // 2, opt, f"padding {size} to {padded} wastes more than a third of the work")
     if self.kinds[axis] is AxisKind.REDUCE:
       reduces = [self.reduceops[number] for number in self.owners[axis]]
-      _check(not any(self.spans(number, axis) for number in range(self.n_outputs)) and
+      check_opt(not any(self.spans(number, axis) for number in range(self.n_outputs)) and
              all(reduceop.op is ReduceOps.SUM and _is_zero_where_padded(reduceop.src[0]) for reduceop in reduces), opt,
              "padding a reduce axis needs sums whose inputs are 0 wherever the loads are padded, and no output that is a row of it")
     pad = lambda shape: tuple((0, padded - size if i == axis and shape[i] == size else 0) for i in range(len(shape)))  # noqa: E731
@@ -279,15 +281,15 @@ class Kernel:
 
   def _stage(self, opt: Opt) -> None:
     number = opt.axis
-    _check(opt.amount == 0, opt, "STAGE takes amount 0")
-    _check(self.n_outputs <= number < len(self.bufs) and isinstance(self.bufs[number], MemBuffer), opt,
+    check_opt(opt.amount == 0, opt, "STAGE takes amount 0")
+    check_opt(self.n_outputs <= number < len(self.bufs) and isinstance(self.bufs[number], MemBuffer), opt,
            f"buffer {number} is not an input of this kernel (its inputs are {self.n_outputs}..{len(self.bufs) - 1}, constants excluded)")
-    _check(number not in self.staged, opt, "the buffer is staged already")
-    _check(not self.axes(AxisKind.TC), opt, "TC stages its operands itself, and reads no other buffer in its reduce")
-    _check(len(self.reduceops) == 1 and self.n_outputs == 1 and not self.stores_rows, opt,
+    check_opt(number not in self.staged, opt, "the buffer is staged already")
+    check_opt(not self.axes(AxisKind.TC), opt, "TC stages its operands itself, and reads no other buffer in its reduce")
+    check_opt(len(self.reduceops) == 1 and self.n_outputs == 1 and not self.stores_rows, opt,
            "only a kernel with one reduce and one output, storing no row, stages its inputs")
-    _check(self.bufs[number] not in _loads_outside_reduces(self.ast), opt, "the buffer is also read after the reduce")
-    _check(bool(self.tile_axes(number)), opt, "every thread reads the same element of the buffer a trip: there is nothing to share")
+    check_opt(self.bufs[number] not in _loads_outside_reduces(self.ast), opt, "the buffer is also read after the reduce")
+    check_opt(bool(self.tile_axes(number)), opt, "every thread reads the same element of the buffer a trip: there is nothing to share")
     self.staged += (number,)
 
   def tensor_core_operands(self) -> list[int]:
@@ -321,11 +323,11 @@ class Kernel:
     """Split M into (M/16, 2 FRAGMENT, 8 WARP), N into (N/8, 4 WARP, 2 FRAGMENT) and K into (K/16, 16 TC): the 32 threads of a warp
     are (8 rows x 4 column pairs) of each 16 x 8 output tile, as mma.sync's accumulators are. Both operands are staged, with
     `amount` tiles of each in flight (copied asynchronously: the tiles of the next amount - 1 trips load during this one's work)."""
-    _check(self.target.tensor_cores, opt, "this device has no tensor cores")
-    _check(opt.amount == 0 or 2 <= opt.amount <= 8, opt, f"TC's amount is the number of tile stages, 2 to 8 (0: 2), not {opt.amount}")
-    _check(set(self.kinds) <= {AxisKind.GLOBAL, AxisKind.REDUCE}, opt, "TC comes before every Opt but PADTO")
+    check_opt(self.target.tensor_cores, opt, "this device has no tensor cores")
+    check_opt(opt.amount == 0 or 2 <= opt.amount <= 8, opt, f"TC's amount is the number of tile stages, 2 to 8 (0: 2), not {opt.amount}")
+    check_opt(set(self.kinds) <= {AxisKind.GLOBAL, AxisKind.REDUCE}, opt, "TC comes before every Opt but PADTO")
     choices = self.tensor_core_choices()
-    _check(0 <= opt.axis < len(choices), opt, f"choice {opt.axis} is not one of this kernel's {len(choices)} ways onto tensor cores "
+    check_opt(0 <= opt.axis < len(choices), opt, f"choice {opt.axis} is not one of this kernel's {len(choices)} ways onto tensor cores "
            "(a sum of products of two 16-bit inputs, or float32 ones with ALLOW_TF32=1, M, N and K multiples of 16, 8 and 16 or 8)")
     m, n, k = choices[opt.axis]
     self.staged, self.tile_stages = tuple(self.tensor_core_operands()), opt.amount or 2
@@ -343,60 +345,34 @@ class Kernel:
     the H200 a 128 x 256 tile cost as much as 550 steps of K besides its own (fp16 4096 x 4096 x K: 220 TFLOP/s at K 512, 298 at
     1024, 406 at 4096, 441 at 16384), the first trips' copies waited for and the outputs stored while no mma ran."""
     global_axes = self.axes(AxisKind.GLOBAL)
-    _check(bool(self.axes(AxisKind.TC)) and not self.axes(AxisKind.SERIAL), opt, "PERSIST comes once, after TC")
-    _check(0 <= opt.axis < len(global_axes), opt, f"axis {opt.axis} is not one of this kernel's GLOBAL axes ({_describe(global_axes)})")
+    check_opt(bool(self.axes(AxisKind.TC)) and not self.axes(AxisKind.SERIAL), opt, "PERSIST comes once, after TC")
+    check_opt(0 <= opt.axis < len(global_axes), opt, f"axis {opt.axis} is not one of this kernel's GLOBAL axes ({_describe(global_axes)})")
     size = self.full_shape[global_axes[opt.axis]]
-    _check(isinstance(size, int) and opt.amount > 1 and size % opt.amount == 0, opt, f"amount {opt.amount} must be > 1 and divide {size}")
+    check_opt(isinstance(size, int) and opt.amount > 1 and size % opt.amount == 0, opt, f"amount {opt.amount} must be > 1 and divide {size}")
     self.shift_to(global_axes[opt.axis], opt.amount, AxisKind.SERIAL, top=True)
 
-  def _contiguous_dimension(self, number: int) -> list[int]:
-    """A tensor-core operand's K axes (UNROLL, TC) where K is its contiguous axis, else its own output axes (M or N), outermost first."""
-    axes, strides = self.tile_axes(number), self.sts[number].real_strides(ignore_valid=True)
-    k_axes = [axis for axis in axes if self.kinds[axis] in (AxisKind.UNROLL, AxisKind.TC)]
-    chosen = k_axes if strides[self.axes(AxisKind.TC)[0]] == 1 else [axis for axis in axes if axis not in k_axes]
-    return sorted(chosen, key=lambda axis: -cast(int, strides[axis] or 0))
-
   def _warpgroup(self, opt: Opt) -> None:
-    """Each 4 warps of the work-group (a warpgroup: 64 rows of M, 16 a warp, as TC split them) compute all of N with one wgmma
-    m64nNk16 a step of K, both operands read from their tiles by descriptors. So the plan must be TC's with one LOCAL axis along
-    M (4 or 8 warps), one UPCAST along N (N/8 mma tiles, N up to 256), 128 bytes of K a trip (UNROLL), nothing else; and each
-    operand's tile dense rows along its contiguous dimension (K, or M or N: then a multiple of 64 elements)."""
-    _check(self.target.warpgroups, opt, "this device has no warpgroup mma (wgmma: CUDA sm_90)")
-    _check(bool(self.axes(AxisKind.TC)) and not self.axes(AxisKind.SERIAL), opt, "WARPGROUP comes after TC and before PERSIST")
-    a, b = sorted(self.staged, key=lambda number: -max(self.full_shape[axis] for axis in self.tile_axes(number) if self.kinds[axis] is AxisKind.WARP))
-    local, upcast = self.axes(AxisKind.LOCAL), self.axes(AxisKind.UPCAST)
-    _check(self.bufs[a].dtype in TC_DTYPES, opt, "WARPGROUP takes 16-bit operands")
-    _check(len(local) == 1 and self.full_shape[local[0]] in (4, 8) and local[0] in self.tile_axes(a) and local[0] not in self.tile_axes(b),
-           opt, "WARPGROUP needs one LOCAL axis of 4 or 8 warps along M")
-    _check(len(upcast) == 1 and upcast[0] in self.tile_axes(b) and upcast[0] not in self.tile_axes(a) and 8 * self.full_shape[upcast[0]] <= 256,
-           opt, "WARPGROUP needs one UPCAST axis along N, of at most 32 mma tiles")
-    _check(not self.axes(AxisKind.GROUP) and self.size_of(AxisKind.UNROLL, AxisKind.TC) * self.bufs[a].dtype.itemsize == 128, opt,
-           "WARPGROUP needs 128 bytes of K a trip (UNROLL), and no GROUP")
-    for number in (a, b):
-      contiguous, strides = self._contiguous_dimension(number), self.sts[number].real_strides(ignore_valid=True)
-      _check(list(_dense_strides(contiguous, self.full_shape).values()) == [strides[axis] for axis in contiguous] and
-             prod(self.full_shape[axis] for axis in contiguous) % (128 // self.bufs[a].dtype.itemsize) == 0, opt,
-             f"buffer {number} is not contiguous along K, nor along its own axes for a multiple of 128 bytes")
+    check_warpgroup(self, opt)
     self.warpgroups = True
 
   def _check_limits(self, opt: Opt) -> None:
-    _check(self.upcast_size <= self.target.max_upcast, opt,
+    check_opt(self.upcast_size <= self.target.max_upcast, opt,
            f"{self.upcast_size} upcast lanes is over the limit of {self.target.max_upcast}; use a smaller amount")
-    _check(self.local_size <= self.target.max_local_size, opt,
+    check_opt(self.local_size <= self.target.max_local_size, opt,
            f"{self.local_size} threads per work-group is over this device's {self.target.max_local_size}; use a smaller amount")
     thread_axes = tuple(self.full_shape[axis] for axis in self.axes(AxisKind.LOCAL, AxisKind.GROUP))  # the last is launch dimension 0
     thread_axes += (self.size_of(AxisKind.WARP),) if self.axes(AxisKind.WARP) else ()  # a warp's threads are one dimension
     limits = self.target.max_local_dim_sizes
-    _check(len(thread_axes) <= len(limits), opt, "no launch dimension is left for another local axis; use fewer LOCAL/GROUP axes")
-    _check(all(size <= limit for size, limit in zip(reversed(thread_axes), limits)), opt,
+    check_opt(len(thread_axes) <= len(limits), opt, "no launch dimension is left for another local axis; use fewer LOCAL/GROUP axes")
+    check_opt(all(size <= limit for size, limit in zip(reversed(thread_axes), limits)), opt,
            f"local axes {thread_axes} exceed the device's {limits}; use a smaller amount")
-    _check(self.local_memory_bytes <= self.target.local_memory_bytes, opt,
+    check_opt(self.local_memory_bytes <= self.target.local_memory_bytes, opt,
            f"group reduces and staged tiles need {self.local_memory_bytes} bytes of local memory, over this device's "
            f"{self.target.local_memory_bytes}; reduce the local size, the upcast or the unroll")
     if self.staged:
-      _check(not self.axes(AxisKind.GROUP), opt, "a kernel that stages an input does not GROUP")
-      _check(self.local_size > 1, opt, "staging shares loads between a work-group's threads: add a LOCAL axis first")
-      _check(bool(self.axes(AxisKind.REDUCE)), opt, "staging needs a reduce loop: unroll less of the reduce")
+      check_opt(not self.axes(AxisKind.GROUP), opt, "a kernel that stages an input does not GROUP")
+      check_opt(self.local_size > 1, opt, "staging shares loads between a work-group's threads: add a LOCAL axis first")
+      check_opt(bool(self.axes(AxisKind.REDUCE)), opt, "staging needs a reduce loop: unroll less of the reduce")
 
   # ---- the canonical layout ----
   def _drop_size_one_axes(self) -> None:
@@ -445,15 +421,6 @@ def _format_ast(node: LazyOp, depth: int = 0) -> str:
   lines = [f"{'  ' * depth}{node.op.name} {arg if arg is not None else ''}".rstrip()]
   lines += [_format_ast(src, depth + 1) for src in node.src]
   return "\n".join(lines)
-
-def _dense_strides(order: Sequence[int], shape: Sequence[sint]) -> dict[int, int]:
-  """Row-major strides of the axes in `order` (outermost first), by axis."""
-  strides, size = {}, 1
-  for axis in reversed(order): strides[axis], size = size, size * cast(int, shape[axis])
-  return dict(reversed(strides.items()))
-
-def _check(condition: bool, opt: Opt, reason: str) -> None:
-  if not condition: raise KernelOptError(f"{opt}: {reason}")
 
 def _describe(axes: Sequence[int]) -> str: return f"axes {list(axes)}" if len(axes) else "no axes"
 

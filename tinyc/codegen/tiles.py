@@ -206,7 +206,7 @@ def wgmma(ctx: Linearizer, scope: Scope, accs: list[UOp], keys: list[tuple[int, 
   a_tile, b_tile = sorted(ctx.tiles.values(), key=lambda tile: -kernel.full_shape[_warp_axis(ctx, tile)])
   upcast, local, tc = kernel.axes(AxisKind.UPCAST)[0], kernel.axes(AxisKind.LOCAL)[0], kernel.axes(AxisKind.TC)[0]
   fragment_axes = kernel.axes(AxisKind.FRAGMENT)
-  firsts = {axis: NumNode(0) for axis in kernel.axes(AxisKind.WARP, AxisKind.FRAGMENT, AxisKind.UPCAST, AxisKind.TC)}
+  firsts: dict[int, Node] = {axis: NumNode(0) for axis in kernel.axes(AxisKind.WARP, AxisKind.FRAGMENT, AxisKind.UPCAST, AxisKind.TC)}
   firsts[local] = ctx.thread_idxs[local] // 4 * 4  # the warpgroup's first warp
   def descriptor_bits(tile: Tile) -> int:
     rows = tile.layout.size // tile.layout.row_length  # of 128 bytes, in a block of the transposed operand's rows
@@ -225,7 +225,8 @@ def wgmma(ctx: Linearizer, scope: Scope, accs: list[UOp], keys: list[tuple[int, 
   ctx.uop(UOps.WARPGROUP_SYNC, None, (), "commit", pure=False)
   ctx.uop(UOps.WARPGROUP_SYNC, None, (), "wait 1", pure=False)
 
-def _transposed(ctx: Linearizer, tile: Tile) -> bool: return ctx.kernel.kinds[tile.layout.load_order[-1]] is not AxisKind.TC  # (contiguous along M or N)
+def _transposed(ctx: Linearizer, tile: Tile) -> bool:  # contiguous along M or N
+  return ctx.kernel.kinds[tile.layout.load_order[-1]] is not AxisKind.TC
 
 def _warp_axis(ctx: Linearizer, tile: Tile) -> int:
   return next(axis for axis in ctx.kernel.axes(AxisKind.WARP) if axis in ctx.kernel.tile_axes(tile.number))
