@@ -76,6 +76,27 @@ def test_two_processes_building_at_once_share_the_cache(tinyc_device):
   assert rows >= max(count["built"] for count in counts), (rows, counts)
   assert run_in_processes([19]) == [{"from disk": counts[0]["built"] + counts[0].get("from disk", 0)}]
 
+SAME_PROGRAMS = """
+import sys, time
+import numpy as np
+from tinyc import Tensor
+scale, start = float(sys.argv[1]), float(sys.argv[2])
+x = np.linspace(-1, 1, 24, dtype=np.float32)
+while time.time() < start: time.sleep(0.005)
+for k in range(12): np.testing.assert_allclose((Tensor(x) * (scale + k)).exp2().numpy(), np.exp2(x * np.float32(scale + k)), rtol=1e-5)
+print("ok")
+"""
+
+def test_processes_building_the_same_new_programs_at_once_all_finish(tinyc_device, tmp_path):
+  """Each process has a cache of its own, so each builds the same twelve programs at the same moments as the others. Their constants
+  are new to this run, so the driver's own caches miss too (pocl 3.1 aborted a process loading a program another was writing)."""
+  scale, start = 1 + time.time_ns() % 999_983 / 1e6, time.time() + 3
+  processes = [subprocess.Popen([sys.executable, "-c", SAME_PROGRAMS, str(scale), str(start)], text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env={**os.environ, "CACHEDB": str(tmp_path / f"cache{n}.db"),
+                                                             "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}) for n in range(4)]
+  results = [process.communicate(timeout=300) for process in processes]
+  assert all(process.returncode == 0 and out.strip() == "ok" for process, (out, _) in zip(processes, results)), results
+
 def test_the_program_key_covers_the_kernel_its_opts_the_device_the_settings_and_the_code(tinyc_device, monkeypatch):
   device = Device[Device.DEFAULT]
   asts = [next(i.ast for i in create_schedule([out.lazydata]) if i.ast.op not in LoadOps)

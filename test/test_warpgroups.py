@@ -18,8 +18,9 @@ from test_tensor_cores import H200, LAYOUTS, TC_DTYPES, kernel_of, matmul_item, 
 
 SM90 = dataclasses.replace(H200, warpgroups=True)
 ONE_WARPGROUP = [Opt(OptOps.TC, 0, 2), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.WARPGROUP, 0, 0)]
-# (shape, plan): one warpgroup of 64 x 64; the heuristic's two of 64 x 256 (its 3000^3 tile is 192 wide); padded edges (masked copies)
-CASES = [((64, 64, 128), ONE_WARPGROUP), ((256, 256, 256), None), ((1000, 256, 1000), None), ((128, 192, 128), None)]
+# (shape, plan): one warpgroup of 64 x 64; the heuristic's two of 64 x 256 or 64 x 192, with padded edges (masked copies) too.
+# Shapes of a million outputs or more: fewer, with a long K, split K into two kernels on a GPU
+CASES = [((64, 64, 128), ONE_WARPGROUP), ((1024, 1024, 256), None), ((1000, 1024, 1000), None), ((1024, 1536, 256), None)]
 
 def planned(shape: tuple[int, int, int], layout: str, dtype, plan, target=SM90) -> Kernel:
   kernel = kernel_of(*shape, layout=layout, dtype=dtype, target=target)

@@ -4,16 +4,20 @@ pyopencl appears only here.
 A GPU device is preferred over a CPU one; CL_PLATFORM and CL_DEVICE (an index, or part of the name) choose explicitly.
 Threads: OpenCL calls are thread-safe except setting a kernel object's arguments, so a launch (set the arguments, enqueue) holds
 the kernel's lock; the kernel then runs, and is waited for, without it.
+Processes: a driver may keep builds in a cache directory of its own, named by the program (pocl does), and read another process's
+half-written files there: pocl 3.1 aborts the process. So a build or load holds a file lock chosen by the program's source
+(`_one_process_at_a_time`): processes build different programs together, and the same one in turn.
 """
 from __future__ import annotations
-import functools, threading, time
-from typing import Any, Callable
+import contextlib, fcntl, functools, hashlib, threading, time
+from typing import Any, Callable, Iterator
 import numpy as np
 import pyopencl as cl
 from tinyc.helpers import DEBUG, getenv
 from tinyc.codegen.kernel import GPU_MAX_UPCAST, KernelTarget
 from tinyc.device import Allocator, Compiled, CompileError
 from tinyc.codegen.cstyle import render_opencl
+from tinyc.codegen.search import cache_dir
 
 class CLAllocator(Allocator):
   def __init__(self, context: Any, queue: Any) -> None:
@@ -61,7 +65,8 @@ class CLCompiler:
 
   def load(self, name: str, source: str, binary: bytes) -> Callable[..., float | None]:
     """A runner for a program binary built elsewhere (a BEAM worker, on its own context for the same device)."""
-    try: program = cl.Program(self.context, [self.device], [binary]).build()
+    try:
+      with _one_process_at_a_time(source): program = cl.Program(self.context, [self.device], [binary]).build()
     except cl.Error as error: raise CompileError(f"OpenCL ({self.device.name}) could not load the binary of {name}: {error}") from error
     return self._runner(program, name)
 
@@ -80,8 +85,24 @@ class CLCompiler:
       except cl.Error: return time.perf_counter() - started
     return run
 
+@contextlib.contextmanager
+def _one_process_at_a_time(source: str) -> Iterator[None]:
+  """Holds one of 256 lock files in the cache directory, chosen by the source's hash, while the body builds or loads it. Without a
+  writable cache directory it holds none (tinyc's own caches are off then too)."""
+  path = cache_dir() / "opencl-locks" / f"{hashlib.sha256(source.encode()).hexdigest()[:2]}.lock"
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(path, "ab")
+  except OSError:
+    yield
+    return
+  with lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    yield
+
 def _build(context: Any, device: Any, name: str, source: str) -> Any:
-  try: return cl.Program(context, source).build()
+  try:
+    with _one_process_at_a_time(source): return cl.Program(context, source).build()
   except cl.Error as error:
     hint = source if DEBUG >= 4 else "(run with DEBUG=4 to see the source)"
     raise CompileError(f"OpenCL ({device.name}) rejected kernel {name}: {error}\n{hint}") from error
