@@ -84,7 +84,7 @@ def test_warpgroups_match_numpy(layout, tinyc_device):
       if plan is None:  # the heuristic, end to end: on this device a long K may split into two kernels, the second adding the parts
         a, b, expected = operands(*shape, layout=layout, dtype=dtype)
         kernels = [Kernel(item.ast, device.target) for item in create_schedule([(a @ b).lazydata]) if item.ast.op not in LoadOps]
-        assert any(OptOps.WARPGROUP in hand_coded_optimizations(kernel) for kernel in kernels), shape
+        assert any(opt.op is OptOps.WARPGROUP for kernel in kernels for opt in hand_coded_optimizations(kernel)), shape
         result = (a @ b).numpy()
       else:
         item, expected = matmul_item(*shape, layout=layout, dtype=dtype)
