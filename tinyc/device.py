@@ -104,7 +104,7 @@ class Program:
   symbolic sizes takes the values of its Variables (`vars`) as int arguments after the buffers; its global size may name them too."""
   name: str
   device: str
-  run: Callable[..., float | None]  # run(*opaque_buffers, *var values, global_size=, local_size=, wait=bool) -> seconds when wait
+  run: Callable[..., float | None]  # run([*opaque_buffers, *var values], global_size, local_size, wait: bool) -> seconds when wait
   flops: int  # (with symbolic sizes: at the Variables' largest values)
   mem_bytes: int
   global_size: tuple[int, int, int] | None = None  # (a symbolic size is a Node here, worked out at each run)
@@ -118,7 +118,7 @@ class Program:
     if self.vars:
       args += [(var_vals or {})[var] for var in self.vars]
       if global_size is not None: global_size = tuple(sym_infer(size, var_vals or {}) for size in global_size)
-    seconds = self.run(*args, global_size=global_size, local_size=self.local_size, wait=shown.timed)
+    seconds = self.run(args, global_size, self.local_size, shown.timed)  # (positional: keywords cost 0.15 us a launch)
     with (counters := GlobalCounters).lock:  # (GlobalCounters.add inlined: every eager realize launches)
       counters.kernel_count += 1
       counters.global_ops += self.flops

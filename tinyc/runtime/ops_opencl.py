@@ -68,7 +68,7 @@ class CLCompiler:
   def _runner(self, program: Any, name: str) -> Callable[..., float | None]:
     kernel = getattr(program, name)
     queue, launching = self.queue, threading.Lock()
-    def run(*args: Any, global_size: tuple[int, ...], local_size: tuple[int, ...], wait: bool = False) -> float | None:
+    def run(args: list[Any], global_size: tuple[int, ...], local_size: tuple[int, ...], wait: bool = False) -> float | None:
       started = time.perf_counter()
       try:  # the buffers, then the values of the kernel's Variables as ints
         with launching: event = kernel(queue, global_size, local_size, *[np.int32(arg) if isinstance(arg, int) else arg for arg in args])
