@@ -26,7 +26,9 @@ steps_run: ThreadRecorder[Step] = ThreadRecorder()  # TinyJit's capture: `with s
 _graph_lock = threading.Lock()
 _computing: dict[LazyBuffer, threading.Lock] = {}  # base -> a lock its computing thread holds until the result is published
 
-def run_schedule(schedule: list[ScheduleItem], shown: profiler.Shown) -> None:
+def run_schedule(schedule: list[ScheduleItem], shown: profiler.Shown | None = None) -> None:
+  """Run the schedule's kernels in order. `shown`: the realize's DEBUG and PROFILE, read here where not given."""
+  shown = shown or profiler.shown()
   _build_all(schedule)
   for item in schedule:
     if (busy := _claim(item.outs)) is None: continue  # another thread computed them
