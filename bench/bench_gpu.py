@@ -62,8 +62,8 @@ def tinyc_kernel_seconds(make: Callable[[], Tensor], repeats: int) -> float:
 def _timed_realize(out: Tensor) -> None:
   """Realize with every kernel timed by the device's events (what DEBUG=2 does, without the printing)."""
   original = Program.__call__
-  def timed(self: Program, buffers: list, var_vals: dict | None = None) -> None:  # type: ignore[type-arg]
-    seconds = self.run(*[b.opaque for b in buffers], global_size=self.global_size, local_size=self.local_size, wait=True)
+  def timed(self: Program, buffers: list, var_vals: dict | None = None, shown: Any = None) -> None:  # type: ignore[type-arg]
+    seconds = self.run([b.opaque for b in buffers], global_size=self.global_size, local_size=self.local_size, wait=True)
     GlobalCounters.kernel_count += 1
     GlobalCounters.time_sum_s += seconds or 0.0
   Program.__call__ = timed  # type: ignore[method-assign]

@@ -114,7 +114,7 @@ def test_the_loop_split_is_the_one_marked_outermost_global_whatever_its_name(nam
   values = np.arange(64, dtype=np.float32)
   inp, out = Buffer("LLVM", 64, dtypes.float32).copyin(values), Buffer("LLVM", 64, dtypes.float32)
   run = Device["LLVM"].compile(f"doubling_{name}", source)
-  with Context(CPU_THREADS=3): run(out.opaque, inp.opaque, global_size=global_size, local_size=local_size)
+  with Context(CPU_THREADS=3): run([out.opaque, inp.opaque], global_size=global_size, local_size=local_size)
   np.testing.assert_equal(out.numpy(), values * 2)
   assert [len(ranges) for ranges in split_runs] == ([3] if outermost_global else [])
 

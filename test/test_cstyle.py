@@ -58,7 +58,7 @@ def test_workgroup_sum_runs(backend):
   run = device.compile("wg_sum", device.render("wg_sum", workgroup_sum_uops()))
   values = np.arange(16, dtype=np.float32) * 0.5
   source, result = Buffer(backend, 16, dtypes.float32).copyin(values), Buffer(backend, 16, dtypes.float32)
-  run(result.opaque, source.opaque, global_size=(16, 1, 1), local_size=(16, 1, 1), wait=True)
+  run([result.opaque, source.opaque], global_size=(16, 1, 1), local_size=(16, 1, 1), wait=True)
   np.testing.assert_allclose(result.numpy(), np.full(16, values.sum()), rtol=1e-6)  # every thread saw every other's write
 
 def divmod_uops(divisor: int | None) -> list[UOp]:
@@ -103,5 +103,5 @@ def test_integer_division_by_zero_gives_zero(backend):
   divisors = np.array([0, 0, 0, 0, -1, -1, 2, 2] * 2, dtype=np.int32)
   result = Buffer(backend, 32, dtypes.int32)
   inputs = [Buffer(backend, 16, dtypes.int32).copyin(array) for array in (values, divisors)]
-  run(result.opaque, *[buf.opaque for buf in inputs], global_size=(16, 1, 1), local_size=(1, 1, 1), wait=True)
+  run([result.opaque] + [buf.opaque for buf in inputs], global_size=(16, 1, 1), local_size=(1, 1, 1), wait=True)
   np.testing.assert_equal(result.numpy(), np.concatenate([[0, 0, 0, 0, -2**31, -(2**31 - 1), 4, -4] * 2, [0, 0, 0, 0, 0, 0, 1, -1] * 2]))

@@ -34,6 +34,7 @@ def shared_twice(a):
 # each pair differs in one thing the scheduler or the kernel depends on; the second must get its own plan
 CHANGES = {
   "constant": lambda a, b: ((a + 1) * b, (a + 2) * b),
+  "a constant's side": lambda a, b: ((a - 1) * b, (1 - a) * b),  # the constant is the first operand: its op reads it through its broadcast
   "view": lambda a, b: (a.T.reshape(4, 6) * b, a * b),
   "op": lambda a, b: (a * b, a + b),
   "reduce axis": lambda a, b: ((a * b).sum(0), (a * b).sum(1)),

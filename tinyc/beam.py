@@ -97,7 +97,7 @@ def time_program(program: Program, buffers: list[Buffer], scale_down: bool, best
     global_size = (groups[0] * local_size[0], groups[1] * local_size[1], groups[2] * local_size[2])
   opaques, fastest = [buf.opaque for buf in buffers], math.inf
   for _ in range(runs):
-    seconds = program.run(*opaques, global_size=global_size, local_size=local_size, wait=True)
+    seconds = program.run(opaques, global_size=global_size, local_size=local_size, wait=True)
     assert seconds is not None, "a timed run returns its time"
     fastest = min(fastest, seconds * factor)
     if fastest > 3 * best_s: break
@@ -127,7 +127,7 @@ def outputs_match(device: Compiled, ast: LazyOp, opts: tuple[Opt, ...], buffers:
   results = []
   for candidate in ((), opts):
     program = device.get_program(ast, candidate)
-    program.run(*[buf.opaque for buf in buffers], global_size=program.global_size, local_size=program.local_size, wait=True)
+    program.run([buf.opaque for buf in buffers], global_size=program.global_size, local_size=program.local_size, wait=True)
     results.append([buf.numpy().astype(np.float64) for buf in buffers[:outputs]])
   def close(out: Buffer, got: np.ndarray, expected: np.ndarray) -> bool:
     tolerance = 1e-2 if out.dtype in (dtypes.float16, dtypes.bfloat16) else 1e-3

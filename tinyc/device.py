@@ -85,8 +85,9 @@ class Buffer:
     if self.dtype == dtypes.bfloat16: return (out.astype(np.uint32) << 16).view(np.float32)
     return out
 
-def copy_buffer(buffers: list[Buffer], var_vals: dict[Variable, int] | None = None) -> None:
-  """buffers[0] <- buffers[1], across devices, through host memory (byte for byte, so every dtype survives)."""
+def copy_buffer(buffers: list[Buffer], var_vals: dict[Variable, int] | None = None, shown: profiler.Shown | None = None) -> None:
+  """buffers[0] <- buffers[1], across devices, through host memory (byte for byte, so every dtype survives). (A step, as a Program:
+  it takes the arguments of one, and uses neither the values nor `shown`.)"""
   dest, src = buffers
   assert dest.nbytes == src.nbytes, f"copy of {src.nbytes} bytes into a buffer of {dest.nbytes}"
   staging = np.empty(src.nbytes, dtype=np.uint8)
@@ -103,20 +104,21 @@ class Program:
   symbolic sizes takes the values of its Variables (`vars`) as int arguments after the buffers; its global size may name them too."""
   name: str
   device: str
-  run: Callable[..., float | None]  # run(*opaque_buffers, *var values, global_size=, local_size=, wait=bool) -> seconds when wait
+  run: Callable[..., float | None]  # run([*opaque_buffers, *var values], global_size, local_size, wait: bool) -> seconds when wait
   flops: int  # (with symbolic sizes: at the Variables' largest values)
   mem_bytes: int
   global_size: tuple[int, int, int] | None = None  # (a symbolic size is a Node here, worked out at each run)
   local_size: tuple[int, int, int] | None = None
   vars: tuple[Variable, ...] = ()
-  def __call__(self, buffers: list[Buffer], var_vals: dict[Variable, int] | None = None) -> None:
-    started = time.perf_counter() if (profiling := profiler.enabled()) else 0.0
+  def __call__(self, buffers: list[Buffer], var_vals: dict[Variable, int] | None = None, shown: profiler.Shown | None = None) -> None:
+    """Launch on `buffers` (outputs first). `shown`: the caller's DEBUG and PROFILE, read here where not given."""
+    started = time.perf_counter() if (profiling := (shown := shown or profiler.shown()).profiling) else 0.0
     args = [buf.opaque for buf in buffers]
     global_size: tuple[int, ...] | None = self.global_size
     if self.vars:
       args += [(var_vals or {})[var] for var in self.vars]
       if global_size is not None: global_size = tuple(sym_infer(size, var_vals or {}) for size in global_size)
-    seconds = self.run(*args, global_size=global_size, local_size=self.local_size, wait=profiling or DEBUG.value >= 2)
+    seconds = self.run(args, global_size, self.local_size, shown.timed)  # (positional: keywords cost 0.15 us a launch)
     with (counters := GlobalCounters).lock:  # (GlobalCounters.add inlined: every eager realize launches)
       counters.kernel_count += 1
       counters.global_ops += self.flops
@@ -125,7 +127,7 @@ class Program:
     if seconds is not None:
       if profiling:
         profiler.record(self.name, "kernel", started, seconds, self.device, flops=self.flops, bytes=self.mem_bytes, peaks=Device[self.device].peaks)
-      if DEBUG >= 2:
+      if shown.debug >= 2:
         gflops, gbs = rates(self.flops, self.mem_bytes, seconds)
         print(f"{colored(f'*** {self.device:5s} {GlobalCounters.kernel_count:4d}', 'magenta')} {self.name:30s} "
               f"{seconds * 1e6:9.2f} us  {gflops:8.2f} GFLOP/s  {gbs:8.2f} GB/s")

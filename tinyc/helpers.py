@@ -11,7 +11,7 @@ from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
 
-def prod(xs: Iterable[Any]) -> Any: return math.prod(xs)
+prod: Callable[[Iterable[Any]], Any] = math.prod  # (itself, not a function calling it: every buffer made asks for its size)
 def dedup(xs: Iterable[T]) -> list[T]: return list(dict.fromkeys(xs))
 def argsort(xs: Sequence[Any]) -> list[int]: return sorted(range(len(xs)), key=xs.__getitem__)
 def all_int(xs: Iterable[Any]) -> bool: return all(isinstance(x, int) for x in xs)

@@ -84,10 +84,11 @@ class TinyJit(Generic[ReturnType]):
 
   def _replay(self, input_buffers: list[Buffer], var_vals: dict[Variable, int]) -> ReturnType:
     for step, position, number in self.input_slots: self.steps[step][1][position] = input_buffers[number]
-    if self.graph is not None and DEBUG < 2 and not profiler.enabled(): self.graph(input_buffers)
+    shown = profiler.shown()  # read once for every kernel of the replay
+    if self.graph is not None and not shown.timed: self.graph(input_buffers)
     else:  # DEBUG=2 and PROFILE time each kernel: launch them one by one, each with this call's value of each of its Variables
       for run, buffers, captured in self.steps:
-        run(buffers, {var: var_vals.get(var, value) for var, value in captured.items()} if captured else captured)
+        run(buffers, {var: var_vals.get(var, value) for var, value in captured.items()} if captured else captured, shown)
     index_check.raise_if_out_of_range(self.checks)
     return self.result
 

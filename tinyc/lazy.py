@@ -45,9 +45,9 @@ class LazyBuffer:
     return LazyBuffer.scalar(value, self.dtype, self.device, self.shape if shape is None else shape)
   @staticmethod
   def scalar(value: Any, dtype: DType, device: str, shape: tuple[int, ...] = ()) -> LazyBuffer:
-    """A constant `value` broadcast to `shape`: one view of a CONST base (an operand of every `x + 1`)."""
-    base = LazyBuffer(device, _SCALAR, dtype, LoadOps.CONST, value)
-    return LazyBuffer(device, _scalar_view(shape), dtype, base=base) if shape else base
+    """A constant `value` broadcast to `shape`: one CONST base whose tracker is the broadcast of a scalar (an operand of every `x + 1`;
+    the only kind of base whose tracker is not from_shape(its shape): it is read, and viewed, through that broadcast)."""
+    return LazyBuffer(device, _scalar_view(shape), dtype, LoadOps.CONST, value)
 
   def is_unrealized_const(self) -> bool: return self.base.realized is None and self.base.op is LoadOps.CONST
 
@@ -56,7 +56,8 @@ class LazyBuffer:
     operands = (self,) + srcs
     for src in srcs: assert src.shape == self.shape, f"elementwise {op} needs equal shapes, got {[x.shape for x in operands]}"
     dtype = arg if op in _CASTS else dtypes.bool if op in _COMPARISONS else operands[-1].dtype  # (sets: an enum's attribute costs 0.07 us)
-    st = self.st if self._base is None else ShapeTracker.from_shape(self.shape)  # (a base's tracker is from_shape(its shape))
+    # (a base's tracker is from_shape(its shape), but for a broadcast constant's)
+    st = self.st if self._base is None and self.op is not LoadOps.CONST else ShapeTracker.from_shape(self.shape)
     return LazyBuffer(self.device, st, dtype, op, arg, operands)
 
   def cast(self, dtype: DType, bitcast: bool = False) -> LazyBuffer:
@@ -120,7 +121,6 @@ class LazyBuffer:
     return self if all(b == (0, s) for b, s in zip(bounds, self.shape)) else self._view(self.st.shrink(bounds))
   def stride(self, steps: tuple[int, ...]) -> LazyBuffer: return self if all(s == 1 for s in steps) else self._view(self.st.stride(steps))
 
-_SCALAR = ShapeTracker.from_shape(())
 _CASTS, _COMPARISONS = {UnaryOps.CAST, UnaryOps.BITCAST}, {BinaryOps.CMPLT, BinaryOps.CMPEQ}
 @functools.lru_cache(maxsize=None)
 def _scalar_view(shape: tuple[int, ...]) -> ShapeTracker: return ShapeTracker.from_shape(()).reshape((1,) * len(shape)).expand(shape)

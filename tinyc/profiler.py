@@ -6,9 +6,9 @@ Kernels are timed as DEBUG=2 times them (the device's own timer on a GPU, the wa
 waits for each kernel. Off, nothing is recorded: the hot paths read the setting once.
 """
 from __future__ import annotations
-import atexit, contextlib, json, os, threading, time
+import atexit, contextlib, functools, json, os, threading, time
 from typing import Any, Iterator, NamedTuple
-from tinyc.helpers import PROFILE, rates
+from tinyc.helpers import DEBUG, PROFILE, rates
 
 DEFAULT_PATH = "tinyc_profile.json"
 
@@ -26,6 +26,16 @@ _lock = threading.Lock()
 _path: list[str] = []  # where the trace goes: the PROFILE setting when the last event was recorded (a Context may have set it)
 
 def enabled() -> bool: return PROFILE.value not in ("", "0")
+
+class Shown(NamedTuple):
+  """What DEBUG and PROFILE ask a realize (or a TinyJit replay) to show, read once for all of it: a setting's read costs ~0.1 us, and an
+  eager realize of one kernel read them five times. timed: each kernel waits and is timed (PROFILE, DEBUG>=2)."""
+  debug: int
+  profiling: bool
+  timed: bool
+def shown() -> Shown: return _shown(DEBUG.value, enabled())
+@functools.cache  # one of each (a NamedTuple is built in a Python call)
+def _shown(debug: int, profiling: bool) -> Shown: return Shown(debug, profiling, profiling or debug >= 2)
 
 def record(name: str, category: str, start: float, seconds: float, track: str = "host", **args: Any) -> None:
   """Note one event; the first one registers finish() to run at exit. Callers check enabled() first."""

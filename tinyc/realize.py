@@ -9,7 +9,7 @@ for that result instead.
 from __future__ import annotations
 import threading
 from typing import Callable
-from tinyc.helpers import BEAM, DEBUG, PARALLEL_BUILD, GlobalCounters, ThreadRecorder, prod
+from tinyc.helpers import BEAM, PARALLEL_BUILD, GlobalCounters, ThreadRecorder, prod
 from tinyc.ops import LazyOp, LoadOps, ScheduleItem, unbind_ast
 from tinyc.shape.symbolic import Variable, sym_max
 from tinyc.codegen.kernel import Opt
@@ -17,24 +17,27 @@ from tinyc.device import Buffer, Compiled, Device, Program, copy_buffer
 from tinyc.beam import beam_opts
 from tinyc.lazy import LazyBuffer
 from tinyc.schedule import create_schedule
-from tinyc import index_check
+from tinyc import index_check, profiler
 
-# something that ran (a program or a copy), its buffers and the values of the Variables of its symbolic sizes
-Step = tuple[Callable[[list[Buffer], dict[Variable, int]], None], list[Buffer], dict[Variable, int]]
+# something that ran (a program or a copy, called with its buffers, the values of the Variables of its symbolic sizes and what to show
+# of it), its buffers and those values
+Step = tuple[Callable[[list[Buffer], dict[Variable, int], profiler.Shown], None], list[Buffer], dict[Variable, int]]
 steps_run: ThreadRecorder[Step] = ThreadRecorder()  # TinyJit's capture: `with steps_run.record() as steps:` (this thread's only)
 _graph_lock = threading.Lock()
 _computing: dict[LazyBuffer, threading.Lock] = {}  # base -> a lock its computing thread holds until the result is published
 
-def run_schedule(schedule: list[ScheduleItem]) -> None:
+def run_schedule(schedule: list[ScheduleItem], shown: profiler.Shown | None = None) -> None:
+  """Run the schedule's kernels in order. `shown`: the realize's DEBUG and PROFILE, read here where not given."""
+  shown = shown or profiler.shown()
   _build_all(schedule)
   for item in schedule:
     if (busy := _claim(item.outs)) is None: continue  # another thread computed them
     if busy is STALE:  # another thread computed some of them in a kernel of its own: compute the rest anew, reading those
-      with _graph_lock: rest = create_schedule([out for out in item.outs if out.realized is None])
-      run_schedule(rest)
+      with _graph_lock: rest = create_schedule([out for out in item.outs if out.realized is None], shown)
+      run_schedule(rest, shown)
       continue
     buffers: list[Buffer] | None = None
-    try: buffers = _compute(item)
+    try: buffers = _compute(item, shown)
     finally:
       with _graph_lock:
         for out, buffer in zip(item.outs, buffers or []): out.realized, out.srcs = buffer, ()  # stored: let the graph that made it be freed
@@ -60,12 +63,12 @@ def _claim(outs: tuple[LazyBuffer, ...]) -> threading.Lock | None:
         return busy
     with busy: pass  # another thread is computing them: wait, then look again (it may have failed)
 
-def _compute(item: ScheduleItem) -> list[Buffer]:
+def _compute(item: ScheduleItem, shown: profiler.Shown) -> list[Buffer]:
   buffers = [_output_buffer(out) for out in item.outs]
-  if item.ast.op is LoadOps.COPY: _run(copy_buffer, [buffers[0], item.inputs[0].realized], {})
+  if item.ast.op is LoadOps.COPY: _run(copy_buffer, [buffers[0], item.inputs[0].realized], {}, shown)
   elif item.ast.op is not LoadOps.EMPTY:
     ast, var_vals = unbind_ast(item.ast)  # one program for every value of a symbolic size: the values are its arguments
-    _run(program_for(ast, item.outs[0].device, symbolic=bool(var_vals)), buffers + [src.realized for src in item.inputs], var_vals)
+    _run(program_for(ast, item.outs[0].device, symbolic=bool(var_vals)), buffers + [src.realized for src in item.inputs], var_vals, shown)
   return buffers
 
 def _output_buffer(out: LazyBuffer) -> Buffer:
@@ -96,22 +99,23 @@ def _build_all(schedule: list[ScheduleItem]) -> None:
     kernels.setdefault(device := item.outs[0].device, []).append((ast, None if var_vals else _opts(ast, Device[device])))
   for device_name, asts in kernels.items(): Device[device_name].build_all(asts)
 
-def _run(step: Callable[[list[Buffer], dict[Variable, int]], None], buffers: list[Buffer | None], var_vals: dict[Variable, int]) -> None:
+def _run(step: Callable[[list[Buffer], dict[Variable, int], profiler.Shown], None], buffers: list[Buffer | None], var_vals: dict[Variable, int],
+         shown: profiler.Shown) -> None:
   assert None not in buffers, f"{step} reads an unrealized input"
-  step(buffers, var_vals)  # type: ignore[arg-type]
+  step(buffers, var_vals, shown)  # type: ignore[arg-type]
   steps_run.note((step, buffers, var_vals))  # type: ignore[arg-type]
 
 def realize(outs: list[LazyBuffer]) -> None:
   """Compute every output that is not yet realized, fusing the graph under them into kernels. The index checks made since the last
   realize are computed in the same schedule (index_check.py)."""
-  checks = index_check.claim()
+  checks, shown = index_check.claim(), profiler.shown()
   try:
-    with _graph_lock: schedule = create_schedule(outs + [check.extremes for check in checks] if checks else outs)
+    with _graph_lock: schedule = create_schedule(outs + [check.extremes for check in checks] if checks else outs, shown)
     if not schedule: return
     kernels_before = GlobalCounters.kernel_count
-    run_schedule(schedule)
+    run_schedule(schedule, shown)
   except BaseException:
     index_check.release(checks)
     raise
-  if DEBUG.value >= 1: print(f"realized {len(outs)} output(s) with {GlobalCounters.kernel_count - kernels_before} kernel(s)")
+  if shown.debug >= 1: print(f"realized {len(outs)} output(s) with {GlobalCounters.kernel_count - kernels_before} kernel(s)")
   index_check.read_pending(only_if_over_limit=True)

@@ -297,30 +297,29 @@ def _merged(items: list[ScheduleItem]) -> ScheduleItem:
 PLANS_KEPT = 4096
 _plans: dict[tuple, list[tuple[LazyOp, tuple[int, ...], tuple[int, ...]]]] = {}  # structure -> items, bases named by position
 
-def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
+def create_schedule(outs: list[LazyBuffer], shown: profiler.Shown | None = None) -> list[ScheduleItem]:
   """The kernels that compute `outs`, in an order where each runs after the kernels it reads. A graph of a structure scheduled
-  before (the same ops, args, views, dtypes and devices, realized inputs aliased alike; not the data) reuses that plan."""
+  before (the same ops, args, views, dtypes and devices, realized inputs aliased alike; not the data) reuses that plan. `shown`:
+  the realize's DEBUG and PROFILE, read here where not given."""
   targets = [base for out in outs if (base := out._base or out).realized is None]  # (the base inlined: the property is a call)
   if not targets: return []
-  if DEBUG.value >= 3: return _schedule(targets)  # the decisions are printed as they are made
-  started = time.perf_counter() if (profiling := profiler.enabled()) else 0.0
+  if (shown := shown or profiler.shown()).debug >= 3: return _schedule(targets)  # the decisions are printed as they are made
+  started = time.perf_counter() if (profiling := shown.profiling) else 0.0
   # the key: the graph under the targets, each base named by its position in a walk (not by identity or data)
-  position: dict[LazyBuffer, int] = {}
-  bases: list[LazyBuffer] = []
+  position: dict[LazyBuffer, int] = {}  # (in the order of the walk)
   entries: list[tuple] = []
-  key = (tuple([_visit(target, position, bases, entries) for target in targets]), tuple(entries))
+  key = (tuple([_visit(target, position, entries) for target in targets]), tuple(entries))
   plan = _plans.get(key)
   if not (reused := plan is not None):
-    position = {base: index for index, base in enumerate(bases)}
     plan = [(item.ast, tuple(position[out] for out in item.outs), tuple(position[src] for src in item.inputs)) for item in _schedule(targets)]
     _plans[key] = plan
     if len(_plans) > PLANS_KEPT: del _plans[next(iter(_plans))]
-  at = bases.__getitem__  # (map over a bound method: no frame for each item, as a comprehension would make)
+  at = list(position).__getitem__  # (map over a bound method: no frame for each item, as a comprehension would make)
   items = [ScheduleItem(ast, tuple(map(at, outs)), tuple(map(at, inputs))) for ast, outs, inputs in plan]
   if profiling: profiler.record("schedule", "schedule", started, time.perf_counter() - started, kernels=len(items), reused_plan=reused)
   return items
 
-def _visit(base: LazyBuffer, position: dict[LazyBuffer, int], bases: list[LazyBuffer], entries: list[tuple]) -> int:
+def _visit(base: LazyBuffer, position: dict[LazyBuffer, int], entries: list[tuple]) -> int:
   """The position of `base` in the walk, its sources first. Every eager realize walks its graph here, so it is written for speed; and
   at module level, as a recursive closure is a reference cycle that would keep the walk's bases and buffers alive until a GC."""
   if (known := position.get(base)) is not None: return known
@@ -328,10 +327,9 @@ def _visit(base: LazyBuffer, position: dict[LazyBuffer, int], bases: list[LazyBu
   elif (op := base.op) is LoadOps.CONST: entry = (op, const_key(base.arg), base.dtype, base.device, base.shape)  # -0.0 == 0.0, 1 / -0.0 is not
   else:
     srcs: list[tuple[int, ShapeTracker]] = []  # a loop, not a comprehension (a frame of its own): the src's base inlined, as the property is a call
-    for src in base.srcs: srcs.append((_visit(src._base or src, position, bases, entries), src.st))
+    for src in base.srcs: srcs.append((_visit(src._base or src, position, entries), src.st))
     entry = (op, base.arg, base.dtype, base.device, base.shape, tuple(srcs))
-  position[base] = index = len(bases)
-  bases.append(base)
+  position[base] = index = len(entries)
   entries.append(entry)
   return index
 

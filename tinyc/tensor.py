@@ -144,7 +144,8 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
     context = function(inputs[0].device, needs_grad)
     # under no_grad nothing is recorded and, as in torch, the result does not require grad (else it would collect a .grad like a leaf)
     requires_grad = context.requires_grad and not Tensor.no_grad
-    result = cls(context.forward(*inputs, **kwargs), requires_grad=requires_grad)  # on the inputs' device
+    # on the inputs' device; requires_grad passed by position: a class called with a keyword argument builds a dict for it (0.1 us)
+    result = cls(context.forward(*inputs, **kwargs), None, None, requires_grad)
     if requires_grad:
       context.parents = tensors  # type: ignore[attr-defined]
       result._ctx = context

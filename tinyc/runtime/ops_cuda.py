@@ -91,7 +91,8 @@ def _runner(module: Any, name: str, source: str) -> Callable[..., float | None]:
   if dynamic_local: function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_local)
   # pycuda's prepared_call ends in _launch_kernel: called directly, a launch took 4.5 us on the H200 machine instead of 5.5
   launch = function._launch_kernel
-  def run(*args: Any, global_size: tuple[int, int, int], local_size: tuple[int, int, int], wait: bool = False, stream: Any = None) -> float | None:
+  def run(args: list[Any], global_size: tuple[int, int, int], local_size: tuple[int, int, int], wait: bool = False,
+          stream: Any = None) -> float | None:
     grid = tuple(g // l for g, l in zip(global_size, local_size))
     values = [arg for arg in args if isinstance(arg, int)]  # the Variables' values follow the buffers
     buffers = args[:len(args) - len(values)]
@@ -141,7 +142,7 @@ class CUDAGraph:
     _check(_driver.cuStreamBeginCapture_v2(ctypes.c_void_p(self.stream.handle), 2))  # CU_STREAM_CAPTURE_MODE_RELAXED
     try:
       for program, buffers, _ in self.steps:  # (no symbolic sizes: jit.py launches those steps one by one)
-        program.run(*[buf.opaque for buf in buffers], global_size=program.global_size, local_size=program.local_size, stream=self.stream)
+        program.run([buf.opaque for buf in buffers], global_size=program.global_size, local_size=program.local_size, stream=self.stream)
     finally: _check(_driver.cuStreamEndCapture(ctypes.c_void_p(self.stream.handle), ctypes.byref(graph)))
     _check(_driver.cuGraphInstantiateWithFlags(ctypes.byref(executable), graph, ctypes.c_ulonglong(0)))
     _check(_driver.cuGraphDestroy(graph))

@@ -91,14 +91,14 @@ class LLVMCompiler:
 
 def make_runner(address: int) -> Callable[..., float | None]:
   function = ctypes.CFUNCTYPE(None)(address)  # no argtypes: a HostMemory passes its pointer, an int a C int (and c_int64 bounds as they are)
-  def run(*args: HostMemory | int, global_size: tuple[int, int, int] | None = None, local_size: tuple[int, int, int] | None = None,
+  def run(args: list[HostMemory | int], global_size: tuple[int, int, int] | None = None, local_size: tuple[int, int, int] | None = None,
           wait: bool = False) -> float | None:
     """args: the buffers, then the values of the kernel's Variables. For a kernel split across threads (it takes [start, end) of its
     outermost global loop after those), global_size[0] is that loop's trips and local_size[0] the fewest of them worth a thread; None
     for one that runs on one thread (see codegen/cpu_split.py)."""
     started = time.perf_counter() if wait else 0.0
     if global_size is None: function(*args)
-    else: run_ranges(function, list(args), split_range(global_size[0], (local_size or global_size)[0], cpu_threads()))
+    else: run_ranges(function, args, split_range(global_size[0], (local_size or global_size)[0], cpu_threads()))
     return time.perf_counter() - started if wait else None
   return run
 

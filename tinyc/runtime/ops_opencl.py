@@ -73,7 +73,7 @@ class CLCompiler:
   def _runner(self, program: Any, name: str) -> Callable[..., float | None]:
     kernel = getattr(program, name)
     queue, launching = self.queue, threading.Lock()
-    def run(*args: Any, global_size: tuple[int, ...], local_size: tuple[int, ...], wait: bool = False) -> float | None:
+    def run(args: list[Any], global_size: tuple[int, ...], local_size: tuple[int, ...], wait: bool = False) -> float | None:
       started = time.perf_counter()
       try:  # the buffers, then the values of the kernel's Variables as ints
         with launching: event = kernel(queue, global_size, local_size, *[np.int32(arg) if isinstance(arg, int) else arg for arg in args])
@@ -90,14 +90,10 @@ def _one_process_at_a_time(source: str) -> Iterator[None]:
   """Holds one of 256 lock files in the cache directory, chosen by the source's hash, while the body builds or loads it. Without a
   writable cache directory it holds none (tinyc's own caches are off then too)."""
   path = cache_dir() / "opencl-locks" / f"{hashlib.sha256(source.encode()).hexdigest()[:2]}.lock"
-  try:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = open(path, "ab")
-  except OSError:
-    yield
-    return
-  with lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+  with contextlib.ExitStack() as held:
+    with contextlib.suppress(OSError):
+      path.parent.mkdir(parents=True, exist_ok=True)
+      fcntl.flock(held.enter_context(open(path, "ab")), fcntl.LOCK_EX)  # released when the file closes
     yield
 
 def _build(context: Any, device: Any, name: str, source: str) -> Any:

@@ -27,15 +27,16 @@ class ShapeTracker:
   """views[-1] is indexed by the user; each view's flat (row-major) index is the index into the view below; views[0] indexes the buffer."""
   views: tuple[View, ...]
   _hash: int = field(default=0, init=False, repr=False, compare=False)
-  def __post_init__(self) -> None: object.__setattr__(self, "_hash", hash(self.views))
+  shape: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)  # views[-1]'s, kept: every LazyBuffer made reads it
+  def __post_init__(self) -> None:
+    object.__setattr__(self, "_hash", hash(self.views))
+    object.__setattr__(self, "shape", self.views[-1].shape)
   def __hash__(self) -> int: return self._hash  # hashed once: trackers are keys of the memoised movement ops and the scheduler's plans
   def __reduce__(self) -> tuple: return ShapeTracker, (self.views,)  # unpickled in another process (a BEAM worker): hashed there anew
 
   @staticmethod
   def from_shape(shape: Sequence[int]) -> ShapeTracker: return _from_shape(tuple(shape))
 
-  @property
-  def shape(self) -> tuple[int, ...]: return self.views[-1].shape
   @property
   def size(self) -> int: return prod(self.shape)
   @property
