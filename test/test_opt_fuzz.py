@@ -2,7 +2,7 @@
 legal Opt lists must give the same output as the unoptimized kernel. Runs on every device the op suite runs on (LLVM and
 OpenCL in CI, CUDA with CUDA=1); OPT_FUZZ_LISTS=n tries n Opt lists per kernel instead of 4."""
 from __future__ import annotations
-import os, random
+import dataclasses, os, random
 import numpy as np
 import pytest
 from tinyc import Tensor
@@ -61,9 +61,11 @@ def _trained(x: Tensor, f) -> list[Tensor]:
   assert x.grad is not None
   return [out, x.grad]
 
+FUZZ_MAX_UPCAST = 128  # PoCL took 37-42 s to build a staged kernel of 1024 lanes (UNROLL 32 x UPCAST 32); test_matmul_grid has those
+
 def random_opts(ast, target, rng: random.Random, actions: list[Opt] = ACTIONS) -> list[Opt]:
-  """A random list of Opts from `actions`, each legal after the ones before it."""
-  kernel, opts = Kernel(ast, target), []
+  """A random list of Opts from `actions`, each legal after the ones before it, of at most FUZZ_MAX_UPCAST upcast lanes."""
+  kernel, opts = Kernel(ast, dataclasses.replace(target, max_upcast=min(target.max_upcast, FUZZ_MAX_UPCAST))), []
   if (tensor_cores := [opt for opt in actions if opt.op is OptOps.TC]) and rng.random() < 0.5 and _applies(kernel, tc := rng.choice(tensor_cores)):
     opts.append(tc)
   for _ in range(rng.randint(1, 5)):
