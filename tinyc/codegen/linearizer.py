@@ -72,6 +72,8 @@ class Linearizer:
     for var in kernel.vars:  # a symbolic size is an int argument, read wherever the index math names its Variable
       self.loop_uops[var.expr] = self.cast(self.uop(UOps.DEFINE_VAR, dtypes.int32, (), var, pure=False), self.index_dtype)
     self.tiles: dict[MemBuffer | ConstBuffer, Tile] = {kernel.bufs[number]: define_tile(self, number) for number in kernel.staged}
+    # each buffer's number (its first, where one repeats): a Winograd transform reads 562 buffers, and list.index compared them one by one
+    self.buffer_numbers = {buf: number for number, buf in reversed(list(enumerate(kernel.bufs)))}
 
   # ---- making UOps ----
   def uop(self, op: UOps, dtype: DType | None, src: tuple[UOp, ...] = (), arg: Any = None, pure: bool = True) -> UOp:
@@ -183,7 +185,7 @@ class Linearizer:
   def parse(self, node: LazyOp, lanes: Lanes, scope: Scope) -> list[UOp]:
     """The values of `node`, one per lane."""
     if node.op in (BufferOps.LOAD, BufferOps.CONST):
-      buf, st = node.arg, self.kernel.sts[self.kernel.bufs.index(node.arg)]
+      buf, st = node.arg, self.kernel.sts[self.buffer_numbers[node.arg]]
       if isinstance(buf, ConstBuffer):  # its value (a Node: of the kernel's Variables), 0 where its view is masked (padding)
         value = self.cast(self.index(buf.val), buf.dtype) if isinstance(buf.val, Node) else self.const(buf.val, buf.dtype)
         zero = self.const(0, buf.dtype)
