@@ -29,26 +29,19 @@ def conv_and_grads(x_shape, w_shape, padding, winograd=1, seed=0):
     (out * Tensor(grad)).sum().backward()
   return [(out, expected), (ours_x.grad, tx.grad), (ours_w.grad, tw.grad)]
 
-def check_against_torch(x_shape, w_shape, padding):
+@pytest.mark.parametrize("x_shape, w_shape, padding", [
+  ((2, 16, 9, 9), (16, 16, 3, 3), 1),     # 9 outputs a side: the last tile is partly outside
+  ((2, 32, 14, 11), (16, 32, 3, 3), 1),   # not square, more input than output channels
+  ((1, 16, 7, 5), (24, 16, 3, 3), 0),     # no padding: 5 x 3 outputs, one tile a column
+  ((3, 16, 4, 4), (16, 16, 3, 3), 2),     # padding wider than the kernel's reach
+  ((2, 20, 16, 16), (17, 20, 3, 3), (0, 2)),  # odd channels, different padding per dim
+  ((1, 16, 1, 1), (16, 16, 3, 3), 1)])    # one pixel
+def test_winograd_conv_matches_torch_forward_and_backward(tinyc_device, x_shape, w_shape, padding):
   for ours, expected in conv_and_grads(x_shape, w_shape, padding):
     expected = expected.detach().numpy()
     assert ours is not None and ours.shape == expected.shape
     # F(4x4, 3x3) rounds a few times more than the direct sum (its transforms scale by up to 8): relative to the largest value
     np.testing.assert_allclose(ours.numpy(), expected, rtol=0, atol=3e-5 * np.abs(expected).max())
-
-@pytest.mark.parametrize("x_shape, w_shape, padding", [
-  ((2, 16, 9, 9), (16, 16, 3, 3), 1),     # 9 outputs a side: the last tile is partly outside
-  ((2, 20, 16, 16), (17, 20, 3, 3), (0, 2))])  # odd channels, different padding per dim
-def test_winograd_conv_matches_torch_forward_and_backward(tinyc_device, x_shape, w_shape, padding):
-  check_against_torch(x_shape, w_shape, padding)
-
-@pytest.mark.parametrize("x_shape, w_shape, padding", [  # on the default device only: PoCL builds each shape's transforms in 20-35 s
-  ((2, 32, 14, 11), (16, 32, 3, 3), 1),   # not square, more input than output channels
-  ((1, 16, 7, 5), (24, 16, 3, 3), 0),     # no padding: 5 x 3 outputs, one tile a column
-  ((3, 16, 4, 4), (16, 16, 3, 3), 2),     # padding wider than the kernel's reach
-  ((1, 16, 1, 1), (16, 16, 3, 3), 1)])    # one pixel
-def test_winograd_edge_shapes_match_torch_forward_and_backward(x_shape, w_shape, padding):
-  check_against_torch(x_shape, w_shape, padding)
 
 def kernel_asts(out):
   return [item.ast for item in create_schedule([out.lazydata]) if item.ast.op not in LoadOps]
