@@ -149,13 +149,13 @@ def gemm_groups(quick: bool) -> list[tuple[str, list[Row]]]:
   conv_shapes = ((8, 8, 28), (8, 32, 14)) if quick else ((64, 64, 56), (64, 256, 14))  # (batch, channels, size): ResNet stages
   convs = [conv_row(f"conv3x3 {conv_pass} N{batch} C{channels} {size}x{size} {name}", batch, channels, size, conv_pass, name)
            for batch, channels, size in conv_shapes for name in ("fp32", "fp16") for conv_pass in CONV_PASSES]
-  mm = square[0]
   ceilings = f"ceiling {FP32_CEILING_TFLOPS} fp32, {FP16_CEILING_TFLOPS} fp16/bf16"
   return [(f"matmul by layout (NT: a @ b.T with b stored (N, K)), shape M x N x K; {ceilings}", layouts),
           (f"batched (attention scores q @ k.T) and weight-gradient (x.T @ grad over K tokens) matmuls; {ceilings}", others),
           (f"conv2d 3x3 padding 1, C -> C channels: forward, input gradient (dgrad), weight gradient (wgrad); {ceilings}", convs),
           (f"TF32: tinyc with Context(ALLOW_TF32=1), torch with allow_tf32; ceiling {TF32_CEILING_TFLOPS}",
-           [matmul_row(f"matmul {mm} fp32 ALLOW_TF32", (), mm, mm, mm, "NN", "fp32", tf32=True)])]
+           [matmul_row(f"matmul {layout} M{m} N{n} K{k} fp32 ALLOW_TF32", (), m, n, k, layout, "fp32", tf32=True)
+            for m, n, k in (square, odd) for layout in ("NN", "NT", "TN", "TT")])]
 
 def time_row(row: Row, repeats: int) -> tuple[float, float]:
   """tinyc's and torch's seconds for a row, each side under the row's TF32 setting."""

@@ -60,7 +60,7 @@ class CStyleDialect:
   barrier_init: Callable[[str, int], str] | None = None  # (address of the first, count) -> statement: split barriers of all threads
   barrier_arrive: Callable[[str], str] | None = None  # (barrier address) -> statement
   launch_bounds: Callable[[int], str] | None = None  # (threads of a work-group) -> what tells the compiler, before the kernel's name
-  wgmma: Callable[[Warpgroup, str, str, list[str]], str] | None = None  # (arg, A's and B's shared addresses, accumulators) -> statement
+  wgmma: Callable[[Warpgroup, list[str], str, list[str]], str] | None = None  # (arg, A's shared address or registers, B's, accumulators)
   warpgroup_sync: Callable[[str], str] | None = None  # (WARPGROUP_SYNC's arg) -> statement
   barrier_wait: Callable[[str, str], str] | None = None  # (barrier address, phase parity) -> statement
   local_pointer_prefix: str = ""  # before a pointer type into work-group-shared memory
@@ -89,15 +89,19 @@ def _cuda_mma(dtype: DType, registers: list[str], accs: list[str]) -> str:
   instruction = f"mma.sync.aligned.m16n8k{k}.row.col.f32.{kind}.{kind}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"
   return f'asm("{instruction}" : {outputs} : {inputs});'
 
-def _cuda_wgmma(arg: Warpgroup, a_address: str, b_address: str, accs: list[str]) -> str:
-  kind = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}[arg.dtype]
-  descriptors = [f"(((unsigned long long)(({address})>>4)&0x3FFF)|0x{bits:x}ull)"
-                 for address, bits in ((a_address, arg.a_bits), (b_address, arg.b_bits))]
-  registers, n = ",".join(f"%{i}" for i in range(len(accs))), len(accs)
-  instruction = (f"{{ .reg .pred p; setp.ne.b32 p, 1, 0; wgmma.mma_async.sync.aligned.m64n{arg.n}k16.f32.{kind}.{kind} {{{registers}}}, "
-                 f"%{n}, %{n + 1}, p, 1, 1, {int(arg.a_transposed)}, {int(arg.b_transposed)}; }}")
+def _cuda_wgmma(arg: Warpgroup, a: list[str], b_address: str, accs: list[str]) -> str:
+  """`a`: A's shared address, or its 4 registers (arg.a_in_registers). TF32 takes no transpose flags: wgmma reads it only along K."""
+  kind, k = {dtypes.float16: ("f16", 16), dtypes.bfloat16: ("bf16", 16), dtypes.float32: ("tf32", 8)}[arg.dtype]
+  descriptor = lambda address, bits: f"(((unsigned long long)(({address})>>4)&0x3FFF)|0x{bits:x}ull)"  # noqa: E731
+  n, a_count = len(accs), len(a) if arg.a_in_registers else 1
+  a_operand = "{" + ",".join(f"%{n + i}" for i in range(a_count)) + "}" if arg.a_in_registers else f"%{n}"
+  flags = "" if arg.dtype == dtypes.float32 else f", {int(arg.a_transposed)}, {int(arg.b_transposed)}"
+  instruction = (f"{{ .reg .pred p; setp.ne.b32 p, 1, 0; wgmma.mma_async.sync.aligned.m64n{arg.n}k{k}.f32.{kind}.{kind} "
+                 f"{{{','.join(f'%{i}' for i in range(n))}}}, {a_operand}, %{n + a_count}, p, 1, 1{flags}; }}")
   outputs = ", ".join(f'"+f"({acc})' for acc in accs)
-  return f'asm volatile("{instruction}" : {outputs} : "l"({descriptors[0]}), "l"({descriptors[1]}) : "memory");'
+  a_inputs = [f'"r"({register})' for register in a] if arg.a_in_registers else [f'"l"({descriptor(a[0], arg.a_bits)})']
+  inputs = ", ".join(a_inputs + [f'"l"({descriptor(b_address, arg.b_bits)})'])
+  return f'asm volatile("{instruction}" : {outputs} : {inputs} : "memory");'
 
 _WARPGROUP_SYNCS = {"fence": "wgmma.fence.sync.aligned;", "commit": "wgmma.commit_group.sync.aligned;", "wait 0": "wgmma.wait_group.sync.aligned 0;",
                     "wait 1": "wgmma.wait_group.sync.aligned 1;", "proxy": "fence.proxy.async.shared::cta;"}
@@ -296,8 +300,8 @@ class CStyleRenderer:
     if dynamic_bytes := sum(sizes) if dialect.static_local_bytes is not None and sum(sizes) > dialect.static_local_bytes else 0:
       declaration = f"extern {dialect.local_prefix}unsigned char dynamic_local[] __attribute__((aligned(1024)));"
       self.emit(f"{declaration}  /* dynamic local memory: {dynamic_bytes} bytes */")
-    # locals read or written by address (a WGMMA's two tiles)
-    addressed = {src for uop in self.uops if uop.op in ADDRESSED for src in uop.src[:3:2 if uop.op is UOps.WGMMA else 3]}
+    # locals read or written by address (a WGMMA's tiles)
+    addressed = {src for uop in self.uops if uop.op in ADDRESSED for src in (uop.arg.tiles(uop) if uop.op is UOps.WGMMA else uop.src[:1])}
     alignment = 1024 if any(uop.op is UOps.WGMMA for uop in self.uops) else 16  # swizzled tiles: see tiles.swizzled
     for uop in self.uops:
       dtype = uop.dtype if uop.dtype is not None else dtypes.bool  # (ops without a dtype do not read it)
@@ -354,8 +358,10 @@ class CStyleRenderer:
         registers, accs = [self.names[src] for src in uop.src[:6]], [self.names[src] for src in uop.src[6:]]
         self.emit(self.require(dialect.mma, uop)(uop.arg, registers, accs))
       elif uop.op is UOps.WGMMA:
-        a_address, b_address = (self.shared_address(uop.src[i], self.names[uop.src[i + 1]]) for i in (0, 2))
-        self.emit(self.require(dialect.wgmma, uop)(uop.arg, a_address, b_address, [self.names[src] for src in uop.src[4:]]))
+        a, (b_tile, b_index), accs = uop.arg.sources(uop)
+        a_operand = [self.names[src] for src in a] if uop.arg.a_in_registers else [self.shared_address(a[0], self.names[a[1]])]
+        self.emit(self.require(dialect.wgmma, uop)(uop.arg, a_operand, self.shared_address(b_tile, self.names[b_index]),
+                                                   [self.names[src] for src in accs]))
       elif uop.op is UOps.WARPGROUP_SYNC: self.emit(self.require(dialect.warpgroup_sync, uop)(uop.arg))
       elif uop.op is UOps.COPY_ASYNC:
         target, source = self.shared_address(uop.src[0], self.names[uop.src[1]]), f"{self.names[uop.src[2]]}+{self.names[uop.src[3]]}"

@@ -217,7 +217,7 @@ def _tensor_core_plan(kernel: Kernel) -> bool:
         any(_try(trial, Opt(OptOps.PADTO, position, amount)) for amount in multiples if trial.full_shape[axis] % amount)
     return trial
   if not (choices := padded(None).tensor_core_choices()): return False
-  m, n, k = choices[0]  # then pad only these: another axis padded is work thrown away (a conv's rows, where its columns are N)
+  m, n, k = _wgmma_orientation(kernel, operands, choices)  # pad only these: another is work thrown away (a conv's rows, its columns N)
   batches = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GLOBAL) if axis not in (m, n))
   n_tile = _n_tile(kernel.full_shape[m], kernel.full_shape[n], batches, kernel.target.compute_units)
   if (m, n, k) not in (choices := (trial := padded({m, n, k}, 8 * prod(n_tile) if n_tile else 0)).tensor_core_choices()): return False
@@ -244,6 +244,14 @@ def _tensor_core_plan(kernel: Kernel) -> bool:
   _persist(trial)
   for opt in trial.applied_opts[len(kernel.applied_opts):]: kernel.apply_opt(opt)
   return True
+
+def _wgmma_orientation(kernel: Kernel, operands: list[int], choices: list[tuple[int, int, int]]) -> tuple[int, int, int]:
+  """The TC choice (M, N, K) to plan: the first, but for TF32 on sm_90 the first whose B (the operand spanning N) is contiguous
+  along K, as wgmma reads 32-bit B values only so (A it may take from registers): a float32 `a @ b` then has M and N swapped."""
+  if not kernel.target.warpgroups or kernel.bufs[operands[0]].dtype.itemsize != 4: return choices[0]
+  along_k = lambda choice: any(kernel.sts[number].real_strides(ignore_valid=True)[choice[2]] == 1  # noqa: E731
+                               for number in operands if not kernel.broadcast_along(number, choice[1]))
+  return next((choice for choice in choices if along_k(choice)), choices[0])
 
 def _warpgroup_plan(kernel: Kernel, m_at: int, n_at: int, n_tile: tuple[int, int] | None) -> Kernel | None:
   """On sm_90, warpgroups (WARPGROUP) where the plan allows: 8 warps along M (128 rows; 4 where M is not a multiple of 128), each

@@ -31,7 +31,7 @@ from tinyc.codegen.uops import PYTHON_ALU
 from tinyc.codegen.axes import (CPU_TARGET, GPU_MAX_UPCAST, KIND_COLORS, LANES, LAYOUT_RANK, MAX_UPCAST, REDUCE_SIDE, SPLIT_KINDS, TC_DTYPES,
                                 TC_SHAPE, THREADS, AxisKind, KernelOptError, KernelTarget, Opt, OptOps, TileLayout, tc_reduce)
 from tinyc.shape.shapetracker import ShapeTracker
-from tinyc.codegen.warpgroups import check_opt, check_warpgroup, contiguous_dimension, dense_strides
+from tinyc.codegen.warpgroups import a_in_registers, check_opt, check_warpgroup, contiguous_dimension, dense_strides, warpgroup_operands
 from tinyc.shape.symbolic import AndNode, Node, Variable, sym_max
 from tinyc.shape.view import View
 
@@ -147,7 +147,8 @@ class Kernel:
     load_order = sorted(axes, key=lambda axis: -stride(axis))
     unrolled = [axis for axis in axes if self.kinds[axis] is AxisKind.UNROLL]
     dtype, rows, order = self.bufs[number].dtype, None, unrolled + [axis for axis in load_order if axis not in unrolled]
-    if self.warpgroups:  # rows of the contiguous dimension (K, or M or N), dense: tiles.py stores them as wgmma reads them
+    if self.warpgroups and not (number == warpgroup_operands(self)[0] and a_in_registers(self)):  # rows of the contiguous dimension
+      # (K, or M or N), dense: tiles.py stores them as wgmma reads them
       contiguous = contiguous_dimension(self, number)
       order = [axis for axis in load_order if axis not in contiguous] + contiguous
       view = View.create(self.full_shape, tuple(dense_strides(order, self.full_shape).get(axis, 0) for axis in range(self.shape_len)))

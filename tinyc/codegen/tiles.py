@@ -4,7 +4,7 @@ Tensor-core operands (TC) instead keep `tile_stages` tiles, copied in the backgr
 two a stage: its copies landed, and every thread done reading it. A trip starts the copies of the trip `tile_stages - 1` ahead
 into the stage the last trip read, once every thread is done with it, and waits for its own; no barrier holds every thread.
 In a persistent kernel (PERSIST) the trips count on across its tiles. `mma` reads the operands' fragments from the stages and
-accumulates on tensor cores. Imports helpers, ops, shape/, codegen/kernel, codegen/uops; the Linearizer passes itself in.
+accumulates on tensor cores. Imports helpers, ops, shape/, codegen/kernel, codegen/uops, codegen/warpgroups; the Linearizer passes itself in.
 """
 from __future__ import annotations
 import itertools
@@ -17,6 +17,7 @@ from tinyc.shape.shapetracker import flatten_node, unflatten_node
 from tinyc.shape.symbolic import Node, NumNode
 from tinyc.codegen.uops import VECTOR_WIDTH, Fragment, UOp, UOps, Warpgroup
 from tinyc.codegen.kernel import LANES, AxisKind, TileLayout
+from tinyc.codegen.warpgroups import a_in_registers
 if TYPE_CHECKING: from tinyc.codegen.linearizer import Address, Linearizer, Scope
 
 @dataclass(frozen=True)
@@ -197,33 +198,38 @@ def mma(ctx: Linearizer, scope: Scope, accs: list[UOp], keys: list[tuple[int, ..
     ctx.uop(UOps.WMMA, None, (*a, *b, *quad), kernel.bufs[a_tile.number].dtype, pure=False)
 
 def wgmma(ctx: Linearizer, scope: Scope, accs: list[UOp], keys: list[tuple[int, ...]], key_axes: list[int]) -> None:
-  """Accumulate on tensor cores by warpgroups (WARPGROUP): for each unrolled step of K, one wgmma m64nNk16 of the thread's 4 warps
-  adds up the products of their 64 rows of A and all N columns of B, read from the stages by descriptors (address, the distance
-  between 8-row blocks, SBO, and for a transposed operand between 64-element blocks of its rows, LBO). Its accumulators are
-  mma.sync's, N / 8 tiles of them: of tile i, (FRAGMENT corner) registers 4i .. 4i + 3. Then the trip's wgmmas are committed and
-  those of the trip before waited for, so the next trip's copies may go into their stage."""
+  """Accumulate on tensor cores by warpgroups (WARPGROUP): for each unrolled step of K, one wgmma m64nNk16 (k8 for TF32) of the
+  thread's 4 warps adds up the products of their 64 rows of A and all N columns of B, read from the stages by descriptors (address,
+  the distance between 8-row blocks, SBO, and for a transposed operand between 64-element blocks of its rows, LBO), or A from
+  registers (warpgroups.a_in_registers), each warp's 16 rows read as mma.sync's fragments. Its accumulators are mma.sync's, N / 8
+  tiles of them: of tile i, (FRAGMENT corner) registers 4i .. 4i + 3. Then the trip's wgmmas are committed and those of the trip
+  before waited for, so the next trip's copies may go into their stage; with A in registers, this trip's too, as the next trip
+  loads its A into the same registers."""
   kernel, stage = ctx.kernel, cast(Node, scope.tile_stage)
   a_tile, b_tile = sorted(ctx.tiles.values(), key=lambda tile: -kernel.full_shape[_warp_axis(ctx, tile)])
   upcast, local, tc = kernel.axes(AxisKind.UPCAST)[0], kernel.axes(AxisKind.LOCAL)[0], kernel.axes(AxisKind.TC)[0]
-  fragment_axes = kernel.axes(AxisKind.FRAGMENT)
+  fragment_axes, registers = kernel.axes(AxisKind.FRAGMENT), a_in_registers(kernel)
   firsts: dict[int, Node] = {axis: NumNode(0) for axis in kernel.axes(AxisKind.WARP, AxisKind.FRAGMENT, AxisKind.UPCAST, AxisKind.TC)}
   firsts[local] = ctx.thread_idxs[local] // 4 * 4  # the warpgroup's first warp
   def descriptor_bits(tile: Tile) -> int:
     rows = tile.layout.size // tile.layout.row_length  # of 128 bytes, in a block of the transposed operand's rows
     return (rows * 128 >> 4 << 16 if _transposed(ctx, tile) else 1 << 16) | (1024 >> 4) << 32 | 1 << 62  # swizzled by 128 bytes
-  arg = Warpgroup(kernel.bufs[a_tile.number].dtype, 8 * kernel.full_shape[upcast], descriptor_bits(a_tile), descriptor_bits(b_tile),
-                  _transposed(ctx, a_tile), _transposed(ctx, b_tile))
+  arg = Warpgroup(kernel.bufs[a_tile.number].dtype, 8 * kernel.full_shape[upcast], 0 if registers else descriptor_bits(a_tile),
+                  descriptor_bits(b_tile), _transposed(ctx, a_tile), _transposed(ctx, b_tile), registers)
   ordered = [accs[keys.index(tuple({upcast: i, fragment_axes[0]: corner // 2, fragment_axes[1]: corner % 2}[axis] for axis in key_axes))]
              for i in range(kernel.full_shape[upcast]) for corner in range(4)]
-  ctx.uop(UOps.WARPGROUP_SYNC, None, (), "fence", pure=False)
   steps = [axis for axis in scope.lane_axes if axis not in fragment_axes + [upcast]]
-  for values in itertools.product(*[range(kernel.full_shape[axis]) for axis in steps]):
-    at = scope.bound | dict(zip(steps, map(NumNode, values))) | firsts
-    starts = [ctx.index(tile.index([at.get(axis, NumNode(0)) for axis in range(kernel.shape_len)], stage)) for tile in (a_tile, b_tile)]
-    ctx.uop(UOps.WGMMA, None, (a_tile.memory, starts[0], b_tile.memory, starts[1], *ordered), arg, pure=False)
   assert tc not in steps
+  operands: list[tuple[UOp, ...]] = []  # each step's A and B, A's registers all read before the fence (wgmma may not wait for them)
+  for values in itertools.product(*[range(kernel.full_shape[axis]) for axis in steps]):
+    at = scope.bound | dict(zip(steps, map(NumNode, values)))
+    start = lambda tile: ctx.index(tile.index([(at | firsts).get(axis, NumNode(0)) for axis in range(kernel.shape_len)], stage))  # noqa: E731
+    a = tuple(fragment(ctx, a_tile, at, stage)) if registers else (a_tile.memory, start(a_tile))
+    operands.append((*a, b_tile.memory, start(b_tile)))
+  ctx.uop(UOps.WARPGROUP_SYNC, None, (), "fence", pure=False)
+  for sources in operands: ctx.uop(UOps.WGMMA, None, (*sources, *ordered), arg, pure=False)
   ctx.uop(UOps.WARPGROUP_SYNC, None, (), "commit", pure=False)
-  ctx.uop(UOps.WARPGROUP_SYNC, None, (), "wait 1", pure=False)
+  ctx.uop(UOps.WARPGROUP_SYNC, None, (), "wait 0" if registers else "wait 1", pure=False)
 
 def _transposed(ctx: Linearizer, tile: Tile) -> bool:  # contiguous along M or N
   return ctx.kernel.kinds[tile.layout.load_order[-1]] is not AxisKind.TC

@@ -34,7 +34,7 @@ class UOps(Enum):
   BARRIER_INIT = auto()   # src: (barriers,): local memory of split barriers (CUDA mbarriers), each awaiting every thread of the work-group
   BARRIER_ARRIVE = auto() # src: (barriers, index): this thread is done with what the barrier guards (its reads and writes come first)
   BARRIER_WAIT = auto()   # src: (barriers, index, parity): wait until the barrier's phase of that parity (0 or 1) has completed
-  WGMMA = auto()          # src: (A's tile, index, B's tile, index, accumulators); arg: a Warpgroup; starts a warpgroup's m64nNk16 mma
+  WGMMA = auto()          # src: A's tile and index or registers, B's tile, index, accumulators; arg: a Warpgroup; starts a warpgroup's m64nNk16 mma
   WARPGROUP_SYNC = auto() # arg: "fence" (registers ready for wgmma), "commit" (the wgmmas since are a group), "wait N" (at most N
                           # groups still running) or "proxy" (local memory stored by threads is seen by wgmma)
 
@@ -76,17 +76,25 @@ class Fragment(NamedTuple):
 
 class Warpgroup(NamedTuple):
   """WGMMA's arg: the operands' DType, N, and each operand's descriptor bits besides its address (where its rows of 128 bytes
-  lie, swizzled) and whether it is transposed (contiguous along M or N, not K)."""
+  lie, swizzled) and whether it is transposed (contiguous along M or N, not K); `a_in_registers`: WGMMA's sources begin with A's
+  4 registers (TF32: rows g and g + 8 at K t and t + 4, as mma.sync's), not A's tile and index."""
   dtype: DType
   n: int
   a_bits: int
   b_bits: int
   a_transposed: bool
   b_transposed: bool
+  a_in_registers: bool = False
+  def sources(self, uop: UOp) -> tuple[tuple[UOp, ...], tuple[UOp, UOp], tuple[UOp, ...]]:
+    """A WGMMA's sources: A's (tile and index, or registers), B's tile and index, the accumulators."""
+    a_count = 4 if self.a_in_registers else 2
+    return uop.src[:a_count], (uop.src[a_count], uop.src[a_count + 1]), uop.src[a_count + 2:]
+  def tiles(self, uop: UOp) -> tuple[UOp, ...]:  # the local memories a WGMMA reads by address
+    return self.sources(uop)[1][:1] + (() if self.a_in_registers else uop.src[:1])
 
 def tensor_core_flops(uop: UOp) -> int:
-  """A thread's share of the products an mma (m16n8k16, k8 for TF32, by 32 threads) or a wgmma (m64nNk16, by 128) adds up."""
-  if uop.op is UOps.WGMMA: return 2 * 64 * uop.arg.n * 16 // 128
+  """A thread's share of the products an mma (m16n8k16, k8 for TF32, by 32 threads) or a wgmma (m64nNk16, k8 for TF32, by 128) adds up."""
+  if uop.op is UOps.WGMMA: return 2 * 64 * uop.arg.n * (32 // uop.arg.dtype.itemsize) // 128
   return 2 * 16 * 8 * (32 // uop.arg.itemsize) // 32
 
 VECTOR_WIDTH = 4  # lanes of a GPU vector load or store: 4 x 4 bytes is the widest single memory instruction
