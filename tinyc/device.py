@@ -7,7 +7,7 @@ cache, table `programs`) under a key of everything that changes it, and a schedu
 processes BEAM uses (`Compiled.build_all`), since lowering is Python and compilers take 10-100 ms a kernel.
 """
 from __future__ import annotations
-import hashlib, importlib, json, threading, time
+import hashlib, importlib, json, operator, threading, time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
@@ -113,7 +113,7 @@ class Program:
   def __call__(self, buffers: list[Buffer], var_vals: dict[Variable, int] | None = None, shown: profiler.Shown | None = None) -> None:
     """Launch on `buffers` (outputs first). `shown`: the caller's DEBUG and PROFILE, read here where not given."""
     started = time.perf_counter() if (profiling := (shown := shown or profiler.shown()).profiling) else 0.0
-    args = [buf.opaque for buf in buffers]
+    args = list(map(_opaque_of, buffers))  # (not a comprehension: in 3.11 that is a call of its own, and every eager realize launches)
     global_size: tuple[int, ...] | None = self.global_size
     if self.vars:
       args += [(var_vals or {})[var] for var in self.vars]
@@ -131,6 +131,8 @@ class Program:
         gflops, gbs = rates(self.flops, self.mem_bytes, seconds)
         print(f"{colored(f'*** {self.device:5s} {GlobalCounters.kernel_count:4d}', 'magenta')} {self.name:30s} "
               f"{seconds * 1e6:9.2f} us  {gflops:8.2f} GFLOP/s  {gbs:8.2f} GB/s")
+
+_opaque_of = operator.attrgetter("opaque")
 
 def launch_sizes(uops: list[UOp], max_local: int = 256) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
   """(global, local) thread counts from a kernel's SPECIAL uops. With explicit work-groups (group and local ids) they are the

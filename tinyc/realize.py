@@ -7,7 +7,7 @@ sees half of a result; running kernels happens outside it. A thread about to com
 for that result instead.
 """
 from __future__ import annotations
-import threading
+import operator, threading
 from typing import Callable
 from tinyc.helpers import BEAM, PARALLEL_BUILD, GlobalCounters, ThreadRecorder, prod
 from tinyc.ops import LazyOp, LoadOps, ScheduleItem, unbind_ast
@@ -29,7 +29,7 @@ _computing: dict[LazyBuffer, threading.Lock] = {}  # base -> a lock its computin
 def run_schedule(schedule: list[ScheduleItem], shown: profiler.Shown | None = None) -> None:
   """Run the schedule's kernels in order. `shown`: the realize's DEBUG and PROFILE, read here where not given."""
   shown = shown or profiler.shown()
-  _build_all(schedule)
+  if len(schedule) > 1: _build_all(schedule)  # (one kernel builds where it runs: a worker would only add its start; no setting read)
   for item in schedule:
     if (busy := _claim(item.outs)) is None: continue  # another thread computed them
     if busy is STALE:  # another thread computed some of them in a kernel of its own: compute the rest anew, reading those
@@ -64,12 +64,15 @@ def _claim(outs: tuple[LazyBuffer, ...]) -> threading.Lock | None:
     with busy: pass  # another thread is computing them: wait, then look again (it may have failed)
 
 def _compute(item: ScheduleItem, shown: profiler.Shown) -> list[Buffer]:
-  buffers = [_output_buffer(out) for out in item.outs]
+  buffers = list(map(_output_buffer, item.outs))  # (map, not comprehensions, here: in 3.11 a comprehension is a call of its own)
   if item.ast.op is LoadOps.COPY: _run(copy_buffer, [buffers[0], item.inputs[0].realized], {}, shown)
   elif item.ast.op is not LoadOps.EMPTY:
     ast, var_vals = unbind_ast(item.ast)  # one program for every value of a symbolic size: the values are its arguments
-    _run(program_for(ast, item.outs[0].device, symbolic=bool(var_vals)), buffers + [src.realized for src in item.inputs], var_vals, shown)
+    device = Device[item.outs[0].device]  # (program_for inlined: every eager realize comes here)
+    program = device.get_program(ast, None if var_vals else _opts(ast, device))
+    _run(program, buffers + list(map(_realized_of, item.inputs)), var_vals, shown)
   return buffers
+_realized_of = operator.attrgetter("realized")
 
 def _output_buffer(out: LazyBuffer) -> Buffer:
   """Where an output goes: the target's own memory for an assign, else a new buffer (for a symbolic shape, of its largest size, so a
