@@ -3,7 +3,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from enum import Enum, auto
-from typing import Any, NamedTuple, Union
+from typing import Any, Callable, NamedTuple, Union
 from tinyc.dtype import DType, dtypes
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.shape.symbolic import Node, Variable
@@ -55,9 +55,9 @@ class ConstBuffer:
     return isinstance(other, ConstBuffer) and (const_key(self.val), self.dtype, self.st) == (const_key(other.val), other.dtype, other.st)
   def __hash__(self) -> int: return hash((const_key(self.val), self.dtype, self.st))
 
-def const_key(value: Any) -> str:
-  """What tells two constants apart: in Python -0.0 == 0.0, yet 1/-0.0 is -inf (and a NaN is not equal to itself)."""
-  return repr(value)
+# What tells two constants apart: in Python -0.0 == 0.0, yet 1/-0.0 is -inf (and a NaN is not equal to itself). repr itself, not a
+# function calling it: every eager realize's plan key holds one per constant.
+const_key: Callable[[Any], str] = repr
 
 @dataclass(frozen=True)
 class LazyOp:

@@ -33,9 +33,12 @@ class Shown(NamedTuple):
   debug: int
   profiling: bool
   timed: bool
-def shown() -> Shown: return _shown(DEBUG.value, enabled())
+def shown() -> Shown:
+  debug, profiling = DEBUG.value, PROFILE.value not in ("", "0")  # (enabled() inlined)
+  return _shown(debug, profiling) if debug or profiling else QUIET  # (QUIET: no cache lookup in the common case)
 @functools.cache  # one of each (a NamedTuple is built in a Python call)
 def _shown(debug: int, profiling: bool) -> Shown: return Shown(debug, profiling, profiling or debug >= 2)
+QUIET = Shown(0, False, False)
 
 def record(name: str, category: str, start: float, seconds: float, track: str = "host", **args: Any) -> None:
   """Note one event; the first one registers finish() to run at exit. Callers check enabled() first."""

@@ -301,21 +301,27 @@ def create_schedule(outs: list[LazyBuffer], shown: profiler.Shown | None = None)
   """The kernels that compute `outs`, in an order where each runs after the kernels it reads. A graph of a structure scheduled
   before (the same ops, args, views, dtypes and devices, realized inputs aliased alike; not the data) reuses that plan. `shown`:
   the realize's DEBUG and PROFILE, read here where not given."""
-  targets = [base for out in outs if (base := out._base or out).realized is None]  # (the base inlined: the property is a call)
+  targets: list[LazyBuffer] = []  # (loops, not comprehensions, here: a comprehension is a call of its own, and every eager realize comes here)
+  for out in outs:
+    if (base := out._base or out).realized is None: targets.append(base)  # (the base inlined: the property is a call)
   if not targets: return []
   if (shown := shown or profiler.shown()).debug >= 3: return _schedule(targets)  # the decisions are printed as they are made
   started = time.perf_counter() if (profiling := shown.profiling) else 0.0
   # the key: the graph under the targets, each base named by its position in a walk (not by identity or data)
   position: dict[LazyBuffer, int] = {}  # (in the order of the walk)
   entries: list[tuple] = []
-  key = (tuple([_visit(target, position, entries) for target in targets]), tuple(entries))
+  target_positions = []
+  for target in targets: target_positions.append(_visit(target, position, entries))
+  key = (tuple(target_positions), tuple(entries))
   plan = _plans.get(key)
   if not (reused := plan is not None):
     plan = [(item.ast, tuple(position[out] for out in item.outs), tuple(position[src] for src in item.inputs)) for item in _schedule(targets)]
     _plans[key] = plan
     if len(_plans) > PLANS_KEPT: del _plans[next(iter(_plans))]
   at = list(position).__getitem__  # (map over a bound method: no frame for each item, as a comprehension would make)
-  items = [ScheduleItem(ast, tuple(map(at, outs)), tuple(map(at, inputs))) for ast, outs, inputs in plan]
+  items: list[ScheduleItem] = []
+  for ast, outs_at, inputs_at in plan:  # (tuple.__new__: a NamedTuple's own __new__ is a Python call)
+    items.append(tuple.__new__(ScheduleItem, (ast, tuple(map(at, outs_at)), tuple(map(at, inputs_at)))))
   if profiling: profiler.record("schedule", "schedule", started, time.perf_counter() - started, kernels=len(items), reused_plan=reused)
   return items
 

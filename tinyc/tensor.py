@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, ClassVar, Iterable, Sequence
 import numpy as np
-from tinyc.dtype import DType, dtypes, least_upper_dtype, least_upper_float, result_dtype_with_scalar
+from tinyc.dtype import FLOAT_SET, DType, dtypes, least_upper_dtype, least_upper_float, result_dtype_with_scalar
 from tinyc.helpers import prod
 from tinyc.ops import BinaryOps, LoadOps
 from tinyc.shape.symbolic import Node, sym_infer
@@ -212,10 +212,13 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
     if not isinstance(other, Tensor):
       if not isinstance(other, (int, float, bool)): raise TypeError(f"unsupported operand type {type(other).__name__} for a Tensor op")
       mine = self.lazydata
-      x = self if (dtype := dtype or result_dtype_with_scalar(mine.dtype, other)) is mine.dtype else self.cast(dtype)
+      if dtype is None and mine.dtype in FLOAT_SET: x, dtype, value = self, mine.dtype, float(other)  # what the two calls below give a float tensor
+      else:
+        x = self if (dtype := dtype or result_dtype_with_scalar(mine.dtype, other)) is mine.dtype else self.cast(dtype)
+        value = _cast_scalar(other, dtype)
       # a constant in x's shape at once (no Tensor ops to record), not Tensor(other, dtype=...), which refuses an int that does not
       # fit: an operand keeps its value as C reads it
-      y = Tensor(LazyBuffer.scalar(_cast_scalar(other, dtype), dtype, mine.device, mine.shape))
+      y = Tensor(LazyBuffer.scalar(value, dtype, mine.device, mine.shape))
       return (y, x) if reverse else (x, y)
     mine, theirs = self.lazydata, other.lazydata
     if mine.shape == theirs.shape and mine.dtype == theirs.dtype and (dtype is None or dtype == mine.dtype) and mine.device == theirs.device:
