@@ -21,10 +21,15 @@ except ImportError:  # the table then shows '-' for torch
 
 first_call_s: list[float] = []  # tinyc's warm-up call of each row: compiles, and with BEAM=n the search
 
+# numpy's OpenBLAS and torch's OpenMP threads spin for a while after a call, on the cores the next library's threads need: a
+# matmul of tinyc's timed right after numpy's ran 15 ms against 7.8 0.2 s later (1024, 2 cores). Each timing waits it out
+SPIN_PAUSE_S = 0.3
+
 def median_seconds(fn: Callable[[], object], repeats: int, tinyc: bool = True) -> float:
   started = time.perf_counter()
   fn()  # warm-up: compiles, fills allocator caches
   if tinyc: first_call_s.append(time.perf_counter() - started)
+  time.sleep(SPIN_PAUSE_S)
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
@@ -89,7 +94,7 @@ def main() -> None:
     p1, p2 = (torch.from_numpy(m1), torch.from_numpy(m2)) if torch else (None, None)
     for layout in ("NN", "NT", "TN", "TT"):
       (l1, l2), (n1, n2), (q1, q2) = ((view(x, layout[0]), view(y, layout[1])) for x, y in ((t1, t2), (m1, m2), (p1, p2)))
-      repeats = 3 if size >= 1000 else args.repeats
+      repeats = 5 if size >= 1000 else args.repeats
       print(row(f"matmul {layout} {size} f32", "GFLOP/s", 2 * size ** 3, median_seconds(lambda: (l1 @ l2).realize(), repeats),
                 median_seconds(lambda: n1 @ n2, repeats, tinyc=False), median_seconds(lambda: q1 @ q2, repeats, tinyc=False) if torch else None))
 

@@ -23,6 +23,12 @@ G, L, U, GR, R, UN = AxisKind.GLOBAL, AxisKind.LOCAL, AxisKind.UPCAST, AxisKind.
 
 GPU = KernelTarget(has_local=True)  # the defaults: 1024 threads, 48 KB of local memory
 
+@pytest.fixture(autouse=True)
+def one_kernel_matmuls():
+  """The tests here read a big matmul's one kernel, built on the CPU for any target: no copy of an operand first (PACK=0; its
+  tests are in test_matmul_grid.py)."""
+  with Context(PACK=0): yield
+
 def kernel_asts(out: Tensor) -> list[LazyOp]:
   return [item.ast for item in create_schedule([out.lazydata]) if item.ast.op not in LoadOps]
 
@@ -142,6 +148,15 @@ def test_the_cpu_target_has_no_work_groups(opt):
   kernel = Kernel(the_ast(matmul_64()))
   before = layout(kernel)
   with pytest.raises(KernelOptError, match="no work-groups"): kernel.apply_opt(opt)
+  assert layout(kernel) == before
+
+def test_block_makes_the_rest_of_an_axis_the_outermost_loop():
+  kernel = optimized(matmul_64(), [Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.BLOCK, 1, 4)], KernelTarget())
+  assert kernel.full_shape == (4, 64, 4, 64, 4) and kernel.kinds == (G, G, G, R, U), kernel.full_shape
+  assert strides(kernel, 0) == (16, 64, 4, 0, 1), "blocks of 4 x 4 columns outermost, then the rows, then a block's columns"
+  with pytest.raises(KernelOptError, match="no set order"): optimized(matmul_64(), [Opt(OptOps.BLOCK, 1, 4)])  # a GPU
+  before = layout(kernel)
+  with pytest.raises(KernelOptError, match="leaves one block"): kernel.apply_opt(Opt(OptOps.BLOCK, 2, 4))
   assert layout(kernel) == before
 
 def three_dim_add() -> Tensor: return Tensor.empty(8, 8, 8) + Tensor.empty(8, 8, 8).permute(2, 1, 0)  # 3 global axes
@@ -452,12 +467,33 @@ def test_heuristic_with_noopt_applies_nothing():
 
 def test_heuristic_on_a_cpu_upcasts_a_matmul_without_locals():
   kernel, ops = heuristic(Tensor.empty(512, 512, device="LLVM") @ Tensor.empty(512, 512, device="LLVM"), KernelTarget())  # (a GPU splits its K)
-  assert ops and set(ops) == {OptOps.UPCAST} and not kernel.axes(L, GR) and kernel.upcast_size > 1
+  assert ops and set(ops) == {OptOps.UPCAST, OptOps.BLOCK} and not kernel.axes(L, GR) and kernel.upcast_size > 1
 
 def layouts(size: int) -> dict[str, tuple[Tensor, Tensor]]:
   """The four layouts of a square matmul's inputs: each contiguous (N) or a transposed view of a contiguous array (T)."""
   a, b = Tensor.empty(size, size, device="LLVM"), Tensor.empty(size, size, device="LLVM")  # (a GPU would split a long K in two kernels)
   return {"NN": (a, b), "NT": (a, b.T), "TN": (a.T, b), "TT": (a.T, b.T)}
+
+def test_heuristic_on_a_cpu_blocks_a_matmul_whose_inner_loop_walks_over_512_kb():
+  for size, blocks in ((1024, 8), (1000, 10), (64, None)):  # 1024 x 4 rows of b.T a trip of the column loop: 16 KB
+    kernel, ops = heuristic(layouts(size)["NT"][0] @ layouts(size)["NT"][1], KernelTarget())
+    assert (OptOps.BLOCK in ops) == (blocks is not None) and (blocks is None or kernel.full_shape[0] == blocks), kernel.full_shape
+    inner_loop_bytes = 4 * size * kernel.full_shape[2] * 4  # its trips x 4 rows of b.T
+    assert blocks is None or inner_loop_bytes <= 512 << 10
+
+def test_heuristic_on_a_cpu_tiles_a_transposing_copy_8_by_8(tinyc_device):
+  (a, ta) = realized(64, 40, seed=3)
+  kernel, ops = heuristic(ta.T.contiguous(), KernelTarget())
+  assert ops == [OptOps.UPCAST, OptOps.UPCAST] and kernel.full_shape == (5, 8, 8, 8), kernel.full_shape
+  assert strides(kernel, 0)[-1] == 1 and strides(kernel, 1)[-2] == 1, "8 lanes along the output's rows, 8 along the input's"
+  np.testing.assert_allclose(run_with_opts(ta.T.contiguous(), kernel.applied_opts), a.T)
+  assert heuristic(ta.contiguous() + 1, KernelTarget())[1] == [], "a copy along one axis is LLVM's to vectorize"
+
+def test_blocked_matmuls_match_numpy(monkeypatch):
+  monkeypatch.setenv("DEVICE", "LLVM")  # BLOCK orders a CPU's loops
+  (a, ta), (b, tb) = realized(64, 48, seed=4), realized(48, 40, seed=5)
+  opts = [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.BLOCK, 0, 8), Opt(OptOps.BLOCK, 1, 4)]  # loops (2, 4, 4, 5)
+  np.testing.assert_allclose(run_with_opts(ta @ tb, opts), a @ b, rtol=1e-4, atol=1e-4)
 
 def test_heuristic_on_a_cpu_tiles_two_different_axes_when_llvm_vectorizes_the_reduce():
   a, b = layouts(64)["NT"]  # every input contiguous along the reduce: LLVM vectorizes it, the heuristic tiles rows and columns

@@ -16,7 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as tF
 from tinyc import Tensor, dtypes
+from tinyc.device import Device
 from tinyc.dtype import DType
+from tinyc.helpers import Context
+from tinyc.ops import LoadOps
+from tinyc.schedule import create_schedule
 from helpers import TORCH_DTYPE
 
 SIZES = (1, 7, 127, 1000)
@@ -134,3 +138,18 @@ def test_conv2d_grad(name, dtype):
   x_shape, w_shape, stride, padding = CONV[name]
   check_bilinear([x_shape, w_shape], lambda x, w: tF.conv2d(x, w, stride=stride, padding=padding),
                  lambda x, w: x.conv2d(w, stride=stride, padding=padding), dtype)
+
+def copies_before(build: Callable[[], Tensor]) -> int:
+  """The kernels the matmul `build` makes beyond those it makes built with PACK=0."""
+  kernels = lambda: sum(item.ast.op not in LoadOps for item in create_schedule([build().lazydata]))  # noqa: E731
+  with Context(PACK=0): unpacked = kernels()
+  return kernels() - unpacked
+
+def test_a_cpu_matmul_copies_an_operand_strided_along_the_reduce_contiguous_first(tinyc_device):
+  """On a CPU, an operand of 2^18 elements or more that the reduce walks with a stride over 2 KB is copied contiguous along the
+  reduce in a kernel of its own (the grid's 1000 x 1000 cases check the values, forward and backward); a GPU stages tiles instead."""
+  cpu = int(not Device[Device.DEFAULT].target.has_local)
+  a, b = Tensor.empty(520, 520), Tensor.empty(520, 520)  # rows of 2080 bytes
+  assert [copies_before(lambda: matmul_in(layout)(a, b)) for layout in LAYOUTS] == [cpu, 0, 2 * cpu, cpu]
+  narrow, small = Tensor.empty(520, 512), Tensor.empty(500, 500)  # rows of 2048 bytes, which the prefetcher follows; 250000 elements
+  assert copies_before(lambda: narrow.T @ narrow) == copies_before(lambda: small.T @ small) == 0

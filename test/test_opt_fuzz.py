@@ -19,6 +19,7 @@ ACTIONS = [Opt(op, axis, amount) for op in (OptOps.UPCAST, OptOps.UNROLL, OptOps
            for axis in range(4) for amount in AMOUNTS]
 ACTIONS += [Opt(OptOps.PADTO, axis, amount) for axis in range(5) for amount in (4, 8, 16, 32)] + [Opt(OptOps.NOLOCALS, 0, 0)]
 ACTIONS += [Opt(OptOps.STAGE, buffer, 0) for buffer in range(1, 4)]
+ACTIONS += [Opt(OptOps.BLOCK, axis, amount) for axis in range(3) for amount in (2, 3, 4, 13)]
 ACTIONS += [Opt(OptOps.TC, choice, stages) for choice in range(2) for stages in (0, 3)]  # TC comes first or never: tried first half the time
 
 def rand(*shape, seed, dtype=np.float32):
@@ -114,8 +115,10 @@ def test_illegal_opts_raise_and_leave_the_kernel_alone():
   kernel = Kernel(item.ast)
   before = (kernel.full_shape, kernel.sts, kernel.kinds, kernel.owners)
   for opt in [Opt(OptOps.UPCAST, 0, 5), Opt(OptOps.UPCAST, 9, 2), Opt(OptOps.LOCAL, 0, 13), Opt(OptOps.GROUP, 0, 4), Opt(OptOps.NOLOCALS, 0, 0),
-              Opt(OptOps.UNROLL, 0, 128), Opt(OptOps.PADTO, 0, 13), Opt(OptOps.UPCAST, 0, 1)]:
-    with pytest.raises(KernelOptError): kernel.apply_opt(opt)  # the CPU has no work-groups; 5 does not divide 13; 13 is already a multiple...
+              Opt(OptOps.UNROLL, 0, 128), Opt(OptOps.PADTO, 0, 13), Opt(OptOps.UPCAST, 0, 1), Opt(OptOps.BLOCK, 0, 13), Opt(OptOps.BLOCK, 1, 3),
+              Opt(OptOps.BLOCK, 2, 2)]:
+    # the CPU has no work-groups; 5 does not divide 13; 13 is already a multiple...; BLOCK 13 leaves one block; 3 does not divide 8
+    with pytest.raises(KernelOptError): kernel.apply_opt(opt)
     assert (kernel.full_shape, kernel.sts, kernel.kinds, kernel.owners) == before and kernel.applied_opts == []
 
 def test_the_programs_include_kernels_with_several_reduces_and_outputs():

@@ -15,7 +15,7 @@ import numpy as np
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import ALLOW_TF32, DEBUG, NOOPT, PARALLEL_BUILD, Context, GlobalCounters, colored, getenv, rates
 from tinyc import profiler
-from tinyc.ops import LazyOp, MemBuffer
+from tinyc.ops import LazyOp, MemBuffer, format_ast
 from tinyc.shape.symbolic import Variable, sym_infer
 from tinyc.codegen.kernel import CPU_TARGET, Kernel, KernelTarget, Opt
 from tinyc.codegen.heuristic import hand_coded_optimizations
@@ -272,7 +272,7 @@ def build(ast: LazyOp, opts: tuple[Opt, ...] | None, target: KernelTarget, threa
   key: kernels loaded into one address space (a CPU backend) never share a name, and a name means the same kernel in every process."""
   with Context(**settings):
     kernel = Kernel(ast, target)
-    kernel.print_ast()
+    if DEBUG >= 3: print(format_ast(ast))
     if opts is None: hand_coded_optimizations(kernel)
     else:
       for opt in opts: kernel.apply_opt(opt)

@@ -123,3 +123,13 @@ def unbind_ast(ast: LazyOp) -> tuple[LazyOp, dict[Variable, int]]:
     if isinstance(buf, MemBuffer): return MemBuffer(buf.idx, buf.dtype, buf.st.substitute(mapping))
     return ConstBuffer(buf.val.substitute(mapping) if isinstance(buf.val, Node) else buf.val, buf.dtype, buf.st.substitute(mapping))
   return ast.map_buffers(unbound), var_vals
+
+def format_ast(node: LazyOp, depth: int = 0) -> str:
+  """The AST as an indented outline, a node a line (DEBUG=3 prints each kernel's)."""
+  arg = node.arg
+  if isinstance(arg, (MemBuffer, ConstBuffer)):
+    what = f"buf{arg.idx}" if isinstance(arg, MemBuffer) else f"const {arg.val}"
+    arg = f"{what} {arg.dtype.name} {arg.st.shape} views={len(arg.st.views)}"
+  lines = [f"{'  ' * depth}{node.op.name} {arg if arg is not None else ''}".rstrip()]
+  lines += [format_ast(src, depth + 1) for src in node.src]
+  return "\n".join(lines)

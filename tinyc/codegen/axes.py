@@ -20,6 +20,7 @@ class OptOps(Enum):
   TC = auto()        # compute the sum of products on tensor cores; `axis` picks one of tensor_core_choices(), `amount` the tile stages (0: 2)
   PERSIST = auto()   # (after TC) a work-group computes `amount` tiles of GLOBAL axis `axis` in a loop, its copies running on into the next
   WARPGROUP = auto() # (after TC and its UPCAST, LOCAL, UNROLL) each 4 warps compute their tile with wgmma, reading swizzled tiles (sm_90)
+  BLOCK = auto()     # (CPUs) split `amount` off a GLOBAL axis; the rest becomes the outermost loop, around blocks whose inputs stay in cache
 
 class AxisKind(Enum):
   GLOBAL = auto()    # output axis: a loop on a CPU, the work-group id on a GPU

@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy, math
 from typing import Callable, Sequence, cast
 from tinyc.dtype import DType, dtypes
-from tinyc.helpers import ALLOW_TF32, DEBUG, all_int, colored, dedup, prod, to_function_name
+from tinyc.helpers import ALLOW_TF32, all_int, colored, dedup, prod, to_function_name
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, ReduceOps, UnaryOps
 from tinyc.codegen.uops import PYTHON_ALU
 from tinyc.codegen.axes import (CPU_TARGET, GPU_MAX_UPCAST, KIND_COLORS, LANES, LAYOUT_RANK, MAX_UPCAST, REDUCE_SIDE, SPLIT_KINDS, TC_DTYPES,
@@ -214,13 +214,17 @@ class Kernel:
 
   def shift_to(self, axis: int, amount: int, kind: AxisKind, top: bool = False) -> None:
     """Split `axis` into (size // amount, amount), or (amount, size // amount) with `top`; the `amount` part becomes the last `kind` axis."""
+    self._split(axis, amount, top)
+    moved = axis if top else axis + 1
+    self.kinds = tuple(kind if i == moved else old for i, old in enumerate(self.kinds))
+    self._sort_layout(moved)
+
+  def _split(self, axis: int, amount: int, top: bool = False) -> None:
+    """Split `axis` into (size // amount, amount), or (amount, size // amount) with `top`, in place: both parts keep its kind."""
     def split(shape: tuple[int, ...]) -> list[int]:
       parts = ([amount, shape[axis] // amount] if top else [shape[axis] // amount, amount]) if shape[axis] != 1 else [1, 1]
       return list(shape[:axis]) + parts + list(shape[axis + 1:])
     self._reshape(split, [*range(axis + 1), *range(axis, self.shape_len)])
-    moved = axis if top else axis + 1
-    self.kinds = tuple(kind if i == moved else old for i, old in enumerate(self.kinds))
-    self._sort_layout(moved)
 
   # ---- optimizations ----
   def apply_opt(self, opt: Opt) -> None:
@@ -250,8 +254,8 @@ class Kernel:
     if opt.op is OptOps.PERSIST: return self._persist(opt)
     if opt.op is OptOps.WARPGROUP: return self._warpgroup(opt)
     global_axes, reduce_axes = self.axes(AxisKind.GLOBAL), self.axes(AxisKind.REDUCE)
-    allowed = {OptOps.UPCAST: global_axes, OptOps.LOCAL: global_axes, OptOps.UNROLL: reduce_axes, OptOps.GROUP: reduce_axes,
-               OptOps.GROUPTOP: reduce_axes, OptOps.PADTO: global_axes + reduce_axes}[opt.op]
+    allowed = {OptOps.UPCAST: global_axes, OptOps.LOCAL: global_axes, OptOps.BLOCK: global_axes, OptOps.UNROLL: reduce_axes,
+               OptOps.GROUP: reduce_axes, OptOps.GROUPTOP: reduce_axes, OptOps.PADTO: global_axes + reduce_axes}[opt.op]
     check_opt(0 <= opt.axis < len(allowed), opt,
               f"axis {opt.axis} is not one of this kernel's axes for it ({_describe(allowed)} in {self.full_shape})")
     axis = allowed[opt.axis]
@@ -261,11 +265,19 @@ class Kernel:
     if opt.op is OptOps.PADTO: return self._pad_to(opt, axis, size)
     amount = size if opt.amount == 0 else opt.amount
     check_opt(amount > 1 and size % amount == 0, opt, f"amount {amount} must be > 1 and divide the axis size {size}")
+    if opt.op is OptOps.BLOCK: return self._block(opt, axis, amount)
     if opt.op in (OptOps.GROUP, OptOps.GROUPTOP):
       check_opt(all(self.owners[group] == self.owners[axis] for group in self.axes(AxisKind.GROUP)), opt,
              "every GROUP axis of a kernel must split the same reduces (their threads are shared)")
     self.shift_to(axis, amount, SPLIT_KINDS[opt.op], top=opt.op is OptOps.GROUPTOP)
     if amount == size: self._drop_size_one_axes()
+
+  def _block(self, opt: Opt, axis: int, amount: int) -> None:
+    """`axis` split by `amount`, its outer part the outermost loop: the loops inside walk a block of it (axes.py's OptOps)."""
+    check_opt(not self.target.has_local, opt, "a GPU runs its work-groups in no set order: BLOCK orders a CPU's loops")
+    check_opt(amount < self.full_shape[axis], opt, f"amount {amount} leaves one block: use a smaller amount")
+    self._split(axis, amount)
+    self._permute([axis, *(other for other in range(self.shape_len) if other != axis)])
 
   def _pad_to(self, opt: Opt, axis: int, size: int) -> None:
     padded = -(-size // opt.amount) * opt.amount if opt.amount > 1 else size
@@ -406,22 +418,10 @@ class Kernel:
     if lanes := self.axes(*LANES): sizes.insert(lanes[0] + bool(self.reduceops), "")
     return to_function_name(f"{prefix}_{'_'.join(sizes)}".replace("__", "_"))
 
-  def print_ast(self) -> None:
-    if DEBUG >= 3: print(_format_ast(self.ast))
-
 def partials_dtype(dtype: DType) -> DType:
   """What a group reduce's partial results are in local memory: float for 16-bit floats, as in registers (OpenCL has no half
   arrays without cl_khr_fp16)."""
   return dtypes.float32 if dtype in TC_DTYPES else dtype
-
-def _format_ast(node: LazyOp, depth: int = 0) -> str:
-  arg = node.arg
-  if isinstance(arg, (MemBuffer, ConstBuffer)):
-    what = f"buf{arg.idx}" if isinstance(arg, MemBuffer) else f"const {arg.val}"
-    arg = f"{what} {arg.dtype.name} {arg.st.shape} views={len(arg.st.views)}"
-  lines = [f"{'  ' * depth}{node.op.name} {arg if arg is not None else ''}".rstrip()]
-  lines += [_format_ast(src, depth + 1) for src in node.src]
-  return "\n".join(lines)
 
 def _describe(axes: Sequence[int]) -> str: return f"axes {list(axes)}" if len(axes) else "no axes"
 
