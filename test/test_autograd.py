@@ -2,6 +2,7 @@
 (check_grad/check_grads in helpers.py), on broadcast, 0-d, size-1 and non-contiguous inputs, and at the kinks where the subgradient is a choice;
 then the tape's rules (requires_grad, no_grad, detach, accumulation, errors) and that gradients stay lazy graphs that fuse."""
 from __future__ import annotations
+import itertools
 import numpy as np
 import pytest
 import torch
@@ -467,6 +468,28 @@ def test_no_grad():
   (made * a).sum().backward()  # made is a constant now: it gets no gradient and passes none to a
   assert made.grad is None and a.grad is not None
   np.testing.assert_allclose(a.grad.numpy(), np.exp([3.0, 6.0]), rtol=1e-6)
+
+@pytest.mark.parametrize("no_grad", [False, True])
+def test_binary_ops_requires_grad(no_grad: bool):
+  # + - * / of operands none of which wants a gradient make no Function (Tensor._binary): the result's requires_grad, its tape and
+  # its value must be what recording one gives, for every mix of None, False and True, scalar and reversed operands included
+  ops = {"add": (lambda x, y: x + y, np.add), "sub": (lambda x, y: x - y, np.subtract), "mul": (lambda x, y: x * y, np.multiply),
+         "div": (lambda x, y: x / y, np.divide), "rsub": (lambda x, y: 2 - x, lambda x, y: 2 - x), "rdiv": (lambda x, y: 3 / x, lambda x, y: 3 / x)}
+  xs, ys = np.array([1.0, 2.0, -3.0], np.float32), np.array([4.0, -0.5, 2.0], np.float32)
+  try:
+    Tensor.no_grad = no_grad
+    for (name, (op, reference)), first, second in itertools.product(ops.items(), (None, False, True), (None, False, True)):
+      x, y = Tensor(xs, requires_grad=first), Tensor(ys, requires_grad=second)
+      result = op(x, y)
+      wants = (first, None) if name in ("rsub", "rdiv") else (first, second)  # (a scalar is a constant: requires_grad None)
+      wanted = (not no_grad) if True in wants else None if None in wants else False  # Function's rule, as _apply follows it
+      assert result.requires_grad is wanted and (result._ctx is not None) == bool(wanted), (name, first, second, result.requires_grad)
+      np.testing.assert_allclose(result.numpy(), reference(xs, ys), rtol=1e-6)
+  finally: Tensor.no_grad = False
+  x, y = Tensor(xs, requires_grad=True), Tensor(ys)
+  (x * y / 2 - 1).sum().backward()  # and a gradient still flows through each of them
+  assert x.grad is not None and y.grad is None
+  np.testing.assert_allclose(x.grad.numpy(), ys / 2, rtol=1e-6)
 
 def test_detach():
   a = Tensor([1.0, 2.0, 3.0], requires_grad=True)

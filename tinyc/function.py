@@ -3,7 +3,7 @@ ops, so gradients are lazy graphs that fuse like anything else. Imports helpers,
 """
 from __future__ import annotations
 import math
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import argsort
 from tinyc.ops import BinaryOps, ReduceOps, TernaryOps, UnaryOps
@@ -11,6 +11,7 @@ from tinyc.lazy import LazyBuffer
 
 class Function:
   """One op of the autograd tape: forward saves what backward needs; needs_input_grad says which inputs want a gradient."""
+  op: ClassVar[BinaryOps]  # Add, Sub, Mul, Div: forward is x.alu(op, y), which Tensor._binary makes alone where no input wants a gradient
   def __init__(self, device: str, needs_input_grad: list[bool | None]) -> None:
     self.device, self.needs_input_grad = device, needs_input_grad
     self.requires_grad = True if any(needs_input_grad) else None if None in needs_input_grad else False
@@ -142,27 +143,31 @@ class Mod(NonDifferentiable):
   def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.alu(BinaryOps.MOD, y)
 
 class Add(Function):
-  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.alu(BinaryOps.ADD, y)
+  op = BinaryOps.ADD
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.alu(self.op, y)
   def backward(self, grad_output: LazyBuffer) -> tuple[LazyBuffer | None, ...]:
     return (grad_output if self.needs_input_grad[0] else None, grad_output if self.needs_input_grad[1] else None)
 
 class Sub(Function):
-  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.alu(BinaryOps.SUB, y)
+  op = BinaryOps.SUB
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.alu(self.op, y)
   def backward(self, grad_output: LazyBuffer) -> tuple[LazyBuffer | None, ...]:
     return (grad_output if self.needs_input_grad[0] else None, grad_output.alu(UnaryOps.NEG) if self.needs_input_grad[1] else None)
 
 class Mul(Function):
+  op = BinaryOps.MUL
   def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
     self.x, self.y = x, y
-    return x.alu(BinaryOps.MUL, y)
+    return x.alu(self.op, y)
   def backward(self, grad_output: LazyBuffer) -> tuple[LazyBuffer | None, ...]:
     return (self.y.alu(BinaryOps.MUL, grad_output) if self.needs_input_grad[0] else None,
             self.x.alu(BinaryOps.MUL, grad_output) if self.needs_input_grad[1] else None)
 
 class Div(Function):
+  op = BinaryOps.DIV
   def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
     self.x, self.y = x, y
-    return x.alu(BinaryOps.DIV, y)
+    return x.alu(self.op, y)
   def backward(self, grad_output: LazyBuffer) -> tuple[LazyBuffer | None, ...]:
     grad_y = grad_output.alu(UnaryOps.NEG).alu(BinaryOps.MUL, self.x).alu(BinaryOps.DIV, self.y.alu(BinaryOps.MUL, self.y))
     return (grad_output.alu(BinaryOps.DIV, self.y) if self.needs_input_grad[0] else None, grad_y if self.needs_input_grad[1] else None)

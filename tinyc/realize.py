@@ -71,19 +71,20 @@ def _claim(outs: tuple[LazyBuffer, ...]) -> threading.Lock | None:
 
 def _compute(item: ScheduleItem, shown: profiler.Shown) -> list[Buffer]:
   buffers = list(map(_output_buffer, item.outs))  # (map, not comprehensions, here: in 3.11 a comprehension is a call of its own)
-  if item.ast.op is LoadOps.COPY: _run(copy_buffer, [buffers[0], item.inputs[0].realized], {}, shown)
-  elif item.ast.op is not LoadOps.EMPTY:
+  if item.ast.op is _COPY: _run(copy_buffer, [buffers[0], item.inputs[0].realized], {}, shown)
+  elif item.ast.op is not _EMPTY:
     ast, var_vals = unbind_ast(item.ast)  # one program for every value of a symbolic size: the values are its arguments
     device = Device[item.outs[0].device]  # (program_for inlined: every eager realize comes here)
     program = device.get_program(ast, None if var_vals else _opts(ast, device))
     _run(program, buffers + list(map(_realized_of, item.inputs)), var_vals, shown)
   return buffers
 _realized_of = operator.attrgetter("realized")
+_COPY, _EMPTY, _ASSIGN = LoadOps.COPY, LoadOps.EMPTY, LoadOps.ASSIGN  # (module names: LoadOps.COPY is a Python call in Python 3.11, see lazy.py)
 
 def _output_buffer(out: LazyBuffer) -> Buffer:
   """Where an output goes: the target's own memory for an assign, else a new buffer (for a symbolic shape, of its largest size, so a
   TinyJit replay with a larger value fits)."""
-  if out.op is not LoadOps.ASSIGN: return Buffer(out.device, sym_max(prod(out.shape)), out.dtype)
+  if out.op is not _ASSIGN: return Buffer(out.device, sym_max(prod(out.shape)), out.dtype)
   assert (buffer := out.srcs[1].realized) is not None, f"assign into {out.srcs[1]}, which has no buffer"
   return buffer
 

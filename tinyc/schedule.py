@@ -295,6 +295,7 @@ def _merged(items: list[ScheduleItem]) -> ScheduleItem:
   return ScheduleItem(LazyOp(BufferOps.SINK, tuple(stores)), outs, inputs)
 
 PLANS_KEPT = 4096
+_CONST = LoadOps.CONST  # (a module name: LoadOps.CONST is a Python call in Python 3.11, see lazy.py)
 _plans: dict[tuple, list[tuple[LazyOp, tuple[int, ...], tuple[int, ...]]]] = {}  # structure -> items, bases named by position
 
 def create_schedule(outs: list[LazyBuffer], shown: profiler.Shown | None = None) -> list[ScheduleItem]:
@@ -330,7 +331,7 @@ def _visit(base: LazyBuffer, position: dict[LazyBuffer, int], entries: list[tupl
   at module level, as a recursive closure is a reference cycle that would keep the walk's bases and buffers alive until a GC."""
   if (known := position.get(base)) is not None: return known
   if base.realized is not None: entry: tuple = (base.dtype, base.device, base.shape)  # an input: only what it holds
-  elif (op := base.op) is LoadOps.CONST: entry = (op, const_key(base.arg), base.dtype, base.device, base.shape)  # -0.0 == 0.0, 1 / -0.0 is not
+  elif (op := base.op) is _CONST: entry = (op, const_key(base.arg), base.dtype, base.device, base.shape)  # -0.0 == 0.0, 1 / -0.0 is not
   else:
     srcs: list[tuple[int, ShapeTracker]] = []  # a loop, not a comprehension (a frame of its own): the src's base inlined, as the property is a call
     for src in base.srcs: srcs.append((_visit(src._base or src, position, entries), src.st))

@@ -232,17 +232,24 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
 
   def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
     if self.shape == shape: return self
-    padded = self.reshape((1,) * (len(shape) - self.ndim) + self.shape) if self.ndim < len(shape) else self
-    return padded.expand(shape)
+    return (self.reshape((1,) * (len(shape) - self.ndim) + self.shape) if self.ndim < len(shape) else self).expand(shape)
 
-  def add(self, other: Tensor | Scalar, reverse: bool = False) -> Tensor: return Tensor._apply(F.Add, *self._broadcasted(other, reverse))
-  def sub(self, other: Tensor | Scalar, reverse: bool = False) -> Tensor: return Tensor._apply(F.Sub, *self._broadcasted(other, reverse))
-  def mul(self, other: Tensor | Scalar, reverse: bool = False) -> Tensor: return Tensor._apply(F.Mul, *self._broadcasted(other, reverse))
+  def _binary(self, function: type[F.Function], other: Tensor | Scalar, reverse: bool = False) -> Tensor:
+    """function(self, other) broadcast (other first if reverse): Add, Sub, Mul or Div, whose forward is x.alu(function.op, y)."""
+    x, y = self._broadcasted(other, reverse)
+    if x.requires_grad or y.requires_grad: return Tensor._apply(function, x, y)
+    # no operand wants a gradient: the op at once, with no Function that nothing would keep (every eager op comes here; three calls and two
+    # objects fewer), and the requires_grad _apply gives: None where an operand's is None (no_grad changes neither), else False. (The op
+    # is read from the Function class: an enum member read from its own class, BinaryOps.ADD, is a Python call in Python 3.11)
+    return Tensor(x.lazydata.alu(function.op, y.lazydata), None, None, None if x.requires_grad is None or y.requires_grad is None else False)
+  def add(self, other: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._binary(F.Add, other, reverse)
+  def sub(self, other: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._binary(F.Sub, other, reverse)
+  def mul(self, other: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._binary(F.Mul, other, reverse)
   def div(self, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
     """True division: integer operands give a float result, like torch."""
     x, y = self._broadcasted(other, reverse)
     if not dtypes.is_float(x.dtype): x, y = x.cast(dtypes.default_float), y.cast(dtypes.default_float)
-    return Tensor._apply(F.Div, x, y)
+    return x._binary(F.Div, y)  # (y now has x's shape and dtype: it is taken as it is)
   def floordiv(self, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
     """Division rounded down, like Python's // (and torch's); an integer x // 0 is 0, as in numpy (a Python 0 raises at once)."""
     x, y = self._divmod_operands(other, reverse)
