@@ -489,6 +489,15 @@ def test_heuristic_on_a_cpu_tiles_a_transposing_copy_8_by_8(tinyc_device):
   np.testing.assert_allclose(run_with_opts(ta.T.contiguous(), kernel.applied_opts), a.T)
   assert heuristic(ta.contiguous() + 1, KernelTarget())[1] == [], "a copy along one axis is LLVM's to vectorize"
 
+def test_heuristic_on_a_gpu_tiles_a_transposing_copy_4_by_4_in_8_by_8_threads(tinyc_device):
+  (a, ta) = realized(64, 40, seed=3)
+  kernel, ops = heuristic(ta.T.contiguous(), GPU)
+  assert ops == [OptOps.UPCAST, OptOps.UPCAST, OptOps.LOCAL, OptOps.LOCAL] and kernel.full_shape == (2, 2, 5, 8, 4, 4), kernel.full_shape
+  assert strides(kernel, 0)[-1] == strides(kernel, 1)[-2] == 1, "4 lanes along the output's rows, 4 along the input's"
+  assert strides(kernel, 0)[3] == 4, "neighbouring threads along the output's rows write neighbouring 16 bytes"
+  if Device[Device.DEFAULT].target.has_local: np.testing.assert_allclose(run_with_opts(ta.T.contiguous(), kernel.applied_opts), a.T)
+  assert heuristic(ta.contiguous() + 1, GPU)[1] == [OptOps.UPCAST], "a copy along one axis: 4 lanes along it"
+
 def test_blocked_matmuls_match_numpy(monkeypatch):
   monkeypatch.setenv("DEVICE", "LLVM")  # BLOCK orders a CPU's loops
   (a, ta), (b, tb) = realized(64, 48, seed=4), realized(48, 40, seed=5)

@@ -10,6 +10,7 @@ rounding to the dtype adds at most one ulp (eps_dtype * |value|, or the dtype's 
 are computed by the same torch function on all-ones and on absolute inputs, so the bound holds for conv2d and batched gradients too.
 """
 from __future__ import annotations
+import dataclasses
 from typing import Any, Callable
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ import torch.nn.functional as tF
 from tinyc import Tensor, dtypes
 from tinyc.device import Device
 from tinyc.dtype import DType
-from tinyc.helpers import Context
+from tinyc.helpers import Context, prod
 from tinyc.ops import LoadOps
 from tinyc.schedule import create_schedule
 from helpers import TORCH_DTYPE
@@ -153,3 +154,19 @@ def test_a_cpu_matmul_copies_an_operand_strided_along_the_reduce_contiguous_firs
   assert [copies_before(lambda: matmul_in(layout)(a, b)) for layout in LAYOUTS] == [cpu, 0, 2 * cpu, cpu]
   narrow, small = Tensor.empty(520, 512), Tensor.empty(500, 500)  # rows of 2048 bytes, which the prefetcher follows; 250000 elements
   assert copies_before(lambda: narrow.T @ narrow) == copies_before(lambda: small.T @ small) == 0
+
+def test_a_tf32_matmul_on_sm90_copies_the_smaller_operand_along_k_where_neither_operand_is(monkeypatch):
+  """wgmma reads 32-bit values only along K: with TF32 on a warpgroup target, `a.T @ b` (neither operand along K) copies the
+  smaller one so; the other layouts, 16-bit operands and TF32 off copy nothing. Values: the TF32 tests on the H200."""
+  device = Device[Device.DEFAULT]
+  monkeypatch.setattr(device, "target", dataclasses.replace(device.target, has_local=True, warpgroups=True))
+  def copied(a: Tensor, b: Tensor, layout: str) -> list[int]:
+    items = [item for item in create_schedule([matmul_in(layout)(a, b).lazydata]) if item.ast.op not in LoadOps]
+    with Context(PACK=0): unpacked = len([item for item in create_schedule([matmul_in(layout)(a, b).lazydata]) if item.ast.op not in LoadOps])
+    return [prod(item.outs[0].shape) for item in items[:len(items) - unpacked]]
+  square, a, b = Tensor.empty(1024, 1024), Tensor.empty(1024, 512), Tensor.empty(1024, 2048)
+  with Context(ALLOW_TF32=1):
+    assert [copied(square, square, layout) for layout in LAYOUTS] == [[], [], [1024 * 1024], []]
+    assert copied(a, b, "TN") == copied(b, a, "TN") == [512 * 1024]  # x = a.T, then w = a: the smaller
+    assert copied(a.half(), b.half(), "TN") == []
+  assert copied(a, b, "TN") == []
