@@ -489,6 +489,15 @@ def test_heuristic_on_a_cpu_tiles_a_transposing_copy_8_by_8(tinyc_device):
   np.testing.assert_allclose(run_with_opts(ta.T.contiguous(), kernel.applied_opts), a.T)
   assert heuristic(ta.contiguous() + 1, KernelTarget())[1] == [], "a copy along one axis is LLVM's to vectorize"
 
+def test_heuristic_on_a_cpu_blocks_a_transposing_copy_whose_inner_loop_walks_over_256_rows(monkeypatch):
+  monkeypatch.setenv("DEVICE", "LLVM")  # BLOCK orders a CPU's loops
+  (a, ta) = realized(520, 48, seed=6)  # the output's rows are 520 of a's: 65 trips of 8
+  kernel, ops = heuristic(ta.T.contiguous(), KernelTarget())
+  assert ops == [OptOps.UPCAST, OptOps.UPCAST, OptOps.BLOCK] and kernel.full_shape == (13, 6, 5, 8, 8), kernel.full_shape
+  assert strides(kernel, 1)[0] == 5 * 8 * 48, "the outermost loop steps through blocks of 40 rows (13 of them: the threads share them)"
+  np.testing.assert_allclose(run_with_opts(ta.T.contiguous(), kernel.applied_opts), a.T)
+  assert OptOps.BLOCK not in heuristic(realized(256, 48, seed=6)[1].T.contiguous(), KernelTarget())[1]
+
 def test_heuristic_on_a_gpu_tiles_a_transposing_copy_4_by_4_in_8_by_8_threads(tinyc_device):
   (a, ta) = realized(64, 40, seed=3)
   kernel, ops = heuristic(ta.T.contiguous(), GPU)

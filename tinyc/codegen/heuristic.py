@@ -31,6 +31,7 @@ neighbouring threads share cache lines. Elementwise kernels get 4 lanes along th
 stores, and the runtime's work-group size.
 """
 from __future__ import annotations
+from typing import Callable
 from tinyc.helpers import NOOPT, all_int, prod
 from tinyc.ops import MemBuffer
 from tinyc.codegen.kernel import AxisKind, Kernel, KernelOptError, Opt, OptOps
@@ -62,17 +63,23 @@ def _upcast_pieces(kernel: Kernel) -> None:
       pieces.append(axis)
   for axis in reversed(pieces): _try(kernel, Opt(OptOps.UPCAST, axis, 0))  # the last first: the axes before it keep their numbers
 
+# input rows a CPU transposing copy's inner loop may walk before a block of it starts over: each is a cache line and a page of its
+# own (the TLB's second level holds 1.5-2K pages, and no prefetcher follows the walk). Measured on an AVX-512 core, 8 x 8 lanes,
+# blocks of 8-256 rows against none: 2000 x 1536 5.0 -> 2.2-2.3 ms (512 rows 3.2), 4096 x 1024 13.2 -> 3.3, 1024 x 1024 0.89 -> 0.65
+TRANSPOSE_BLOCK_ROWS = 256
+
 def _transpose_tile(kernel: Kernel, inputs: list[int]) -> bool:
   """A copy across axes (a transpose) walks its input down a column: a tile of lanes of the two axes, so each thread reads along the
-  input's contiguous axis and writes along the output's. On a CPU 8 x 8 lanes: on an AVX-512 core a 1024 x 1024 transpose 7.3 ms ->
-  1.0 (rows 4 KB apart share cache sets, and no prefetcher follows them), 2048: 30 -> 5.0-5.8, 1000: 0.66 -> 0.54. On a GPU 4 x 4
+  input's contiguous axis and writes along the output's. On a CPU 8 x 8 lanes, the walk blocked (above): on an AVX-512 core a 1024 x
+  1024 transpose 7.3 ms -> 0.65 (rows 4 KB apart share cache sets, and no prefetcher follows them), 1000: 0.66 -> 0.54. On a GPU 4 x 4
   lanes (16-byte loads and stores) in work-groups of 8 x 8 threads, so a warp reads and writes whole 32-byte sectors: on the H200
   4096 x 4096 138 us -> 44 (970 -> 3060 GB/s; torch's copy 1060), 1024 x 8192 70 -> 25, 3000 x 3000 76 -> 32."""
   if len(global_axes := kernel.axes(AxisKind.GLOBAL)) < 2 or _strides(kernel, 0)[out := global_axes[-1]] != 1: return False
   across = [axis for axis in global_axes[:-1] for i in inputs if _strides(kernel, i)[axis] == 1 and (_strides(kernel, i)[out] or 0) >= 16]
   amounts = (4,) if kernel.target.has_local else (8, 4, 2)
   if not across or _try_upcast(kernel, across[-1:], amounts) is None: return False
-  _try_upcast(kernel, [out], amounts)
+  lanes = kernel.applied_opts[-1].amount if _try_upcast(kernel, [out], amounts) is not None else 1
+  if not kernel.target.has_local: _block(kernel, out, lambda amount: amount * lanes <= TRANSPOSE_BLOCK_ROWS)
   for axis in (across[-1], out) if kernel.target.has_local else ():  # the output's axis innermost: launch dimension 0
     if divisors := [a for a in range(2, 9) if kernel.full_shape[axis] % a == 0]: _try(kernel, Opt(OptOps.LOCAL, axis, divisors[-1]))
   return True
@@ -109,17 +116,20 @@ CPU_BLOCK_BYTES = 512 << 10
 
 def _cpu_block(kernel: Kernel, inputs: list[int]) -> None:
   """BLOCK the innermost GLOBAL loop where the inputs it walks (with the reduce and lanes inside it) are over CPU_BLOCK_BYTES: each
-  trip of the loops outside it then reads them from memory again. The largest block that fits, one the outer loop's threads
-  share evenly where there is one (an even count of blocks, or 8 or more)."""
+  trip of the loops outside it then reads them from memory again."""
   if len(global_axes := kernel.axes(AxisKind.GLOBAL)) < 2: return
   inner, inside = global_axes[-1], range(global_axes[-1] + 1, kernel.shape_len)
   walked = [i for i in inputs if _strides(kernel, i)[inner] != 0]
   trip_bytes = sum(kernel.bufs[i].dtype.itemsize * prod(kernel.full_shape[a] for a in inside if _strides(kernel, i)[a] != 0) for i in walked)
-  size = kernel.full_shape[inner]
-  if not walked or trip_bytes * size <= CPU_BLOCK_BYTES: return
-  fitting = [amount for amount in range(size - 1, 1, -1) if size % amount == 0 and amount * trip_bytes <= CPU_BLOCK_BYTES]
+  if walked: _block(kernel, inner, lambda amount: amount * trip_bytes <= CPU_BLOCK_BYTES)
+
+def _block(kernel: Kernel, axis: int, fits: Callable[[int], bool]) -> None:
+  """BLOCK the GLOBAL `axis` where all of it does not fit: to the largest block that does, one the outer loop's threads share evenly
+  where there is one (an even count of blocks, or 8 or more)."""
+  if fits(size := kernel.full_shape[axis]): return
+  fitting = [amount for amount in range(size - 1, 1, -1) if size % amount == 0 and fits(amount)]
   shared = [amount for amount in fitting if (size // amount) % 2 == 0 or size // amount >= 8]
-  if fitting: _try(kernel, Opt(OptOps.BLOCK, global_axes.index(inner), (shared or fitting)[0]))
+  if fitting: _try(kernel, Opt(OptOps.BLOCK, kernel.axes(AxisKind.GLOBAL).index(axis), (shared or fitting)[0]))
 
 def _broadcast_axes(kernel: Kernel, inputs: list[int]) -> list[int]:
   """GLOBAL axes along which one of `inputs` stays put, so upcasting one reuses its loads (being first, each is its own Opt axis)."""
