@@ -373,6 +373,13 @@ def heuristic(out: Tensor, target: KernelTarget = GPU) -> tuple[Kernel, list[Opt
   kernel = Kernel(the_ast(out), target)
   return kernel, [opt.op for opt in hand_coded_optimizations(kernel)]
 
+def test_heuristic_stages_a_short_reduce_with_64_times_the_outputs_that_fill_a_gpu():
+  """Winograd's 36 batched products of an N64 C64 56x56 conv (a reduce of 64 channels): staged, 4 x 4 x 4 outputs a thread."""
+  target = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST)
+  kernel, ops = heuristic(Tensor.empty(36, 64, 64) @ Tensor.empty(36, 64, 12544), target)
+  assert ops.count(OptOps.STAGE) == 2 and kernel.upcast_size == 4 * 4 * 4 * 4 and kernel.local_size == 256, kernel.applied_opts
+  assert OptOps.STAGE not in heuristic(Tensor.empty(36, 64, 64) @ Tensor.empty(36, 64, 3136), target)[1], "a quarter of the outputs"
+
 def test_heuristic_stages_a_large_matmul_on_a_gpu():
   big = Tensor.empty(4096, 4096) @ Tensor.empty(4096, 4096)
   kernel, _ = heuristic(big, KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST))

@@ -206,6 +206,13 @@ def _gpu_optimizations(kernel: Kernel, inputs: list[int]) -> None:
       plan.insert(0, (global_dims - axis, divisors[-1]))
       budget //= divisors[-1]
   for from_end, amount in plan: _try(kernel, Opt(OptOps.LOCAL, len(kernel.axes(AxisKind.GLOBAL)) - from_end, amount))
+  # a product with 64 times the outputs that fill the GPU and a short reduce (too short for the staged plan): its inputs staged and
+  # 4 times the outputs along the broadcast axis with the most reuse, BEAM=2's plan for Winograd's 36 batched products of N64 C64
+  # 56x56 (a reduce of 64 channels; 64 output channels): 240 -> 127 us on the H200
+  short = not window and reduce_size < STAGED_MIN_REDUCE
+  if short and outputs >= 64 * GPU_THREADS and all(_try(kernel, Opt(OptOps.STAGE, i, 0)) for i in inputs):
+    if candidates := sorted(_broadcast_axes(kernel, inputs), key=reuse):
+      for _ in range(2): _try(kernel, Opt(OptOps.UPCAST, candidates[-1], 2))
   # a conv (a reduce over its channels and window) computes twice the outputs along the two broadcast axes with the most reuse,
   # the larger first where that ties: 64 accumulators a thread. Measured on the H200, fp32 3x3 convs against cuDNN (TF32 off), heuristic
   # before -> after: forward N64 C64 56x56 0.46x -> 0.65x, N64 C256 14x14 0.30x -> 0.35x, N32 C128 28x28 0.32x -> 0.48x, N16 C96
