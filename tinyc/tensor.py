@@ -236,6 +236,16 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
 
   def _binary(self, function: type[F.Function], other: Tensor | Scalar, reverse: bool = False) -> Tensor:
     """function(self, other) broadcast (other first if reverse): Add, Sub, Mul or Div, whose forward is x.alu(function.op, y)."""
+    mine = self.lazydata
+    if not self.requires_grad:  # the eager cases at once, with no _broadcasted (a frame) and no Tensor for a scalar (0.3 us an op)
+      if isinstance(other, Tensor):
+        theirs = other.lazydata
+        if not other.requires_grad and mine.shape == theirs.shape and mine.dtype == theirs.dtype and mine.device == theirs.device:
+          result = theirs.alu(function.op, mine) if reverse else mine.alu(function.op, theirs)
+          return Tensor(result, None, None, None if self.requires_grad is None or other.requires_grad is None else False)
+      elif isinstance(other, (int, float)) and mine.dtype in FLOAT_SET:  # (a bool is an int) the tensor's dtype, as _broadcasted gives
+        const = LazyBuffer.scalar(float(other), mine.dtype, mine.device, mine.shape)
+        return Tensor(const.alu(function.op, mine) if reverse else mine.alu(function.op, const), None, None, None)
     x, y = self._broadcasted(other, reverse)
     if x.requires_grad or y.requires_grad: return Tensor._apply(function, x, y)
     # no operand wants a gradient: the op at once, with no Function that nothing would keep (every eager op comes here; three calls and two
