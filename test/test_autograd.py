@@ -491,6 +491,17 @@ def test_binary_ops_requires_grad(no_grad: bool):
   assert x.grad is not None and y.grad is None
   np.testing.assert_allclose(x.grad.numpy(), ys / 2, rtol=1e-6)
 
+def test_binary_ops_at_once_match_broadcasting():
+  # Tensor._binary makes a same-shaped tensor op and a float tensor's scalar op at once (no _broadcasted): each must give what the
+  # broadcasting path gives, reversed operands, int and bool scalars, a half tensor and the cases that still cast or broadcast included
+  xs, ys = np.array([1.5, -2.0, 3.0], np.float32), np.array([0.5, 4.0, -1.0], np.float32)
+  x, y = Tensor(xs), Tensor(ys)
+  cases = [(x.sub(y, reverse=True), ys - xs), (x.div(y, reverse=True), ys / xs), (x.sub(2, reverse=True), 2 - xs), (x * True, xs),
+           (x - 3, xs - 3), (7 / x, 7 / xs), (x.cast(dtypes.float16) + 1, xs.astype(np.float16) + 1), (Tensor([1, 2, 3]) * 2.5, [2.5, 5.0, 7.5]),
+           (x * Tensor([2.0]), xs * 2), (x + Tensor([1, 2, 3]), xs + [1, 2, 3])]
+  for result, expected in cases: np.testing.assert_allclose(result.numpy(), expected, rtol=1e-3)
+  assert (x.cast(dtypes.float16) * 2).dtype == dtypes.float16 and (Tensor([1, 2]) * 2.5).dtype == dtypes.float32
+
 def test_detach():
   a = Tensor([1.0, 2.0, 3.0], requires_grad=True)
   detached = a.detach()

@@ -19,10 +19,11 @@ from tinyc.tensor_index import IndexMixin
 from tinyc.tensor_nn import NNMixin
 from tinyc.tensor_reduce import ReduceMixin
 from tinyc.tensor_create import CreationMixin
+from tinyc.tensor_rounding import RoundingMixin
 
 Scalar = int | float | bool
 
-class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
+class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin, RoundingMixin):
   """A lazy n-dimensional array: ops build a graph, realize()/numpy() run it as fused kernels."""
   __slots__ = ("lazydata", "requires_grad", "grad", "_ctx")
   training: ClassVar[bool] = False
@@ -236,6 +237,16 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
 
   def _binary(self, function: type[F.Function], other: Tensor | Scalar, reverse: bool = False) -> Tensor:
     """function(self, other) broadcast (other first if reverse): Add, Sub, Mul or Div, whose forward is x.alu(function.op, y)."""
+    mine = self.lazydata
+    if not self.requires_grad:  # the eager cases at once, with no _broadcasted (a frame) and no Tensor for a scalar (0.3 us an op)
+      if isinstance(other, Tensor):
+        theirs = other.lazydata
+        if not other.requires_grad and mine.shape == theirs.shape and mine.dtype == theirs.dtype and mine.device == theirs.device:
+          result = theirs.alu(function.op, mine) if reverse else mine.alu(function.op, theirs)
+          return Tensor(result, None, None, None if self.requires_grad is None or other.requires_grad is None else False)
+      elif isinstance(other, (int, float)) and mine.dtype in FLOAT_SET:  # (a bool is an int) the tensor's dtype, as _broadcasted gives
+        const = LazyBuffer.scalar(float(other), mine.dtype, mine.device, mine.shape)
+        return Tensor(const.alu(function.op, mine) if reverse else mine.alu(function.op, const), None, None, None)
     x, y = self._broadcasted(other, reverse)
     if x.requires_grad or y.requires_grad: return Tensor._apply(function, x, y)
     # no operand wants a gradient: the op at once, with no Function that nothing would keep (every eager op comes here; three calls and two
@@ -382,35 +393,6 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
   def sign(self) -> Tensor: return self._flat((self > 0).cast(self.dtype) - (self < 0).cast(self.dtype))
   def relu(self) -> Tensor: return Tensor._apply(F.Relu, self) if self.dtype != dtypes.bool else self
   def sigmoid(self) -> Tensor: return Tensor._apply(F.Sigmoid, self._floating())
-  def trunc(self) -> Tensor:
-    """Round toward zero. Values at or beyond 2**mantissa_bits are already integers, so they pass through unchanged; the rest
-    round-trip through an integer type wide enough for them (and the threshold is representable in float16)."""
-    if not dtypes.is_float(self.dtype): return self
-    threshold, int_dtype, x = *TRUNC_VIA_INT[self.dtype], self.detach()
-    return self._flat((x.abs() < threshold).where(x.cast(int_dtype).cast(self.dtype), x))
-  def _flat(self, value: Tensor) -> Tensor:
-    """value, a piecewise-constant function of self computed without a graph, with torch's zero gradient to self."""
-    return Tensor._apply(F.ZeroGrad, self, value=value.lazydata) if self.requires_grad else value
-  def floor(self) -> Tensor:
-    truncated = self.trunc()
-    return (truncated > self).where(truncated - 1, truncated)
-  def ceil(self) -> Tensor:
-    truncated = self.trunc()
-    return (truncated < self).where(truncated + 1, truncated)
-  def round_half_even(self) -> Tensor:
-    """Round to the nearest integer, ties to even (torch.round)."""
-    floor = self.floor()
-    diff = self - floor
-    floor_is_even = (floor % 2) == 0
-    return (diff > 0.5).where(floor + 1, (diff < 0.5).where(floor, floor_is_even.where(floor, floor + 1)))
-  def clip(self, min_: Scalar | None = None, max_: Scalar | None = None) -> Tensor:
-    """Clamp values to [min_, max_]."""
-    if min_ is None and max_ is None: raise RuntimeError("clip: At least one of 'min' or 'max' must not be None")
-    # torch: the result dtype comes from the tensor and both bounds together (int tensor, float bound -> float), before clamping
-    out = self.cast(least_upper_dtype(self.dtype, *[result_dtype_with_scalar(self.dtype, b) for b in (min_, max_) if b is not None]))
-    # where, not maximum/minimum: at a bound torch passes the whole gradient through, where maximum would split it in two
-    out = (out < min_).where(min_, out) if min_ is not None else out
-    return (out > max_).where(max_, out) if max_ is not None else out
 
   # ---- casts named after builtins: last in the class, so that annotations above it (`-> bool`, `keepdim: bool`) mean the builtins ----
   def float(self) -> Tensor: return self.cast(dtypes.float32)
@@ -418,10 +400,6 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin):
   def int(self) -> Tensor: return self.cast(dtypes.int32)
   def bool(self) -> Tensor: return self.cast(dtypes.bool)
 
-
-# float dtype -> (the magnitude from which every value is an integer, the integer dtype trunc goes through below it)
-TRUNC_VIA_INT: dict[DType, tuple[float, DType]] = {dtypes.float16: (2.0 ** 10, dtypes.int16), dtypes.bfloat16: (2.0 ** 7, dtypes.int16),
-                                                   dtypes.float32: (2.0 ** 23, dtypes.int32), dtypes.float64: (2.0 ** 52, dtypes.int64)}
 
 def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
   """NumPy/PyTorch broadcasting of two shapes; names both when they do not broadcast."""
