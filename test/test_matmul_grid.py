@@ -140,30 +140,37 @@ def test_conv2d_grad(name, dtype):
   check_bilinear([x_shape, w_shape], lambda x, w: tF.conv2d(x, w, stride=stride, padding=padding),
                  lambda x, w: x.conv2d(w, stride=stride, padding=padding), dtype)
 
-def copies_before(build: Callable[[], Tensor]) -> int:
-  """The kernels the matmul `build` makes beyond those it makes built with PACK=0."""
-  kernels = lambda: sum(item.ast.op not in LoadOps for item in create_schedule([build().lazydata]))  # noqa: E731
-  with Context(PACK=0): unpacked = kernels()
-  return kernels() - unpacked
+def copies_made(build: Callable[[], Tensor]) -> list[int]:
+  """The sizes of the kernels the matmul `build` makes beyond those it makes built with PACK=0: its copies, which run first."""
+  kernels = lambda: [item for item in create_schedule([build().lazydata]) if item.ast.op not in LoadOps]  # noqa: E731
+  with Context(PACK=0): unpacked = len(kernels())
+  made = kernels()
+  return [prod(item.outs[0].shape) for item in made[:len(made) - unpacked]]
+def copies_before(build: Callable[[], Tensor]) -> int: return len(copies_made(build))
 
 def test_a_cpu_matmul_copies_an_operand_strided_along_the_reduce_contiguous_first(tinyc_device):
   """On a CPU, an operand of 2^18 elements or more that the reduce walks with a stride over 2 KB is copied contiguous along the
   reduce in a kernel of its own (the grid's 1000 x 1000 cases check the values, forward and backward); a GPU stages tiles instead."""
   cpu = int(not Device[Device.DEFAULT].target.has_local)
-  a, b = Tensor.empty(520, 520), Tensor.empty(520, 520)  # rows of 2080 bytes
+  a, b = Tensor.empty(528, 528), Tensor.empty(528, 528)  # rows of 2112 bytes (whole cache lines)
   assert [copies_before(lambda: matmul_in(layout)(a, b)) for layout in LAYOUTS] == [cpu, 0, 2 * cpu, cpu]
-  narrow, small = Tensor.empty(520, 512), Tensor.empty(500, 500)  # rows of 2048 bytes, which the prefetcher follows; 250000 elements
+  narrow, small = Tensor.empty(528, 512), Tensor.empty(500, 500)  # rows of 2048 bytes, which the prefetcher follows; 250000 elements
   assert copies_before(lambda: narrow.T @ narrow) == copies_before(lambda: small.T @ small) == 0
+
+def test_a_cpu_matmul_pads_a_reduce_of_partial_cache_lines_to_whole_ones(tinyc_device):
+  """On a CPU, where the reduce's rows are not whole 64-byte lines (1000 floats) and both operands have 512 rows or more, both are
+  copied with it padded by zeros to whole lines (1008). The values: the grid's 1000 x 1000 cases, forward and backward."""
+  cpu = int(not Device[Device.DEFAULT].target.has_local)
+  a, b, thin = Tensor.empty(1000, 1000), Tensor.empty(1000, 1000), Tensor.empty(1000, 500)
+  assert [copies_made(lambda: matmul_in(layout)(a, b)) for layout in LAYOUTS] == [[1000 * 1008] * 2 * cpu] * 4
+  assert copies_before(lambda: a @ thin) == copies_before(lambda: a[:, :992] @ b[:, :992].T) == 0  # 500 columns; 992 floats: 62 lines
 
 def test_a_tf32_matmul_on_sm90_copies_the_smaller_operand_along_k_where_neither_operand_is(monkeypatch):
   """wgmma reads 32-bit values only along K: with TF32 on a warpgroup target, `a.T @ b` (neither operand along K) copies the
   smaller one so; the other layouts, 16-bit operands and TF32 off copy nothing. Values: the TF32 tests on the H200."""
   device = Device[Device.DEFAULT]
   monkeypatch.setattr(device, "target", dataclasses.replace(device.target, has_local=True, warpgroups=True))
-  def copied(a: Tensor, b: Tensor, layout: str) -> list[int]:
-    items = [item for item in create_schedule([matmul_in(layout)(a, b).lazydata]) if item.ast.op not in LoadOps]
-    with Context(PACK=0): unpacked = len([item for item in create_schedule([matmul_in(layout)(a, b).lazydata]) if item.ast.op not in LoadOps])
-    return [prod(item.outs[0].shape) for item in items[:len(items) - unpacked]]
+  def copied(a: Tensor, b: Tensor, layout: str) -> list[int]: return copies_made(lambda: matmul_in(layout)(a, b))
   square, a, b = Tensor.empty(1024, 1024), Tensor.empty(1024, 512), Tensor.empty(1024, 2048)
   with Context(ALLOW_TF32=1):
     assert [copied(square, square, layout) for layout in LAYOUTS] == [[], [], [1024 * 1024], []]
