@@ -177,3 +177,10 @@ def test_a_tf32_matmul_on_sm90_copies_the_smaller_operand_along_k_where_neither_
     assert copied(a, b, "TN") == copied(b, a, "TN") == [512 * 1024]  # x = a.T, then w = a: the smaller
     assert copied(a.half(), b.half(), "TN") == []
   assert copied(a, b, "TN") == []
+
+def test_a_padded_cpu_matmul_broadcasts_an_operand_of_more_dims(tinyc_device):
+  """The padding of K (1000 floats: partial cache lines) applies to operands of different ranks too."""
+  rng = np.random.default_rng(7)
+  x, w = rng.standard_normal((512, 1000), dtype=np.float32), rng.standard_normal((2, 1000, 512), dtype=np.float32)
+  for a, b in ((x, w), (w.transpose(0, 2, 1), x.T)):
+    np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-3, atol=1e-3)

@@ -36,8 +36,9 @@ def _cpu_packed(x: Any, w: Any) -> tuple[Any, Any]:
   k, size = x.shape[-1], x.dtype.itemsize
   if k * size % LINE_BYTES == 0 or min(x.shape[-2], w.shape[-1]) < PACK_MIN_ROWS or min(x.numel(), w.numel()) < PACK_MIN_ELEMENTS:
     return _along_reduce(x, -1), _along_reduce(w, -2)
-  pad = ((0, 0),) * (x.ndim - 1) + ((0, -(-k * size // LINE_BYTES) * LINE_BYTES // size - k),)
-  return x.pad(pad).contiguous(), w.transpose(-1, -2).pad(pad[-w.ndim:]).contiguous().transpose(-1, -2)
+  extra = -(-k * size // LINE_BYTES) * LINE_BYTES // size - k
+  def padded_along_k(operand: Any) -> Any: return operand.pad(((0, 0),) * (operand.ndim - 1) + ((0, extra),)).contiguous()
+  return padded_along_k(x), padded_along_k(w.transpose(-1, -2)).transpose(-1, -2)
 
 def _packed(x: Any, w: Any) -> tuple[Any, Any]:
   """The operands of `x @ w`, those a kernel would read badly first copied contiguous along the reduce. On a CPU: see above. On

@@ -79,8 +79,10 @@ def _transpose_tile(kernel: Kernel, inputs: list[int]) -> bool:
   amounts = (4,) if kernel.target.has_local else (8, 4, 2)
   if not across or _try_upcast(kernel, across[-1:], amounts) is None: return False
   lanes = kernel.applied_opts[-1].amount if _try_upcast(kernel, [out], amounts) is not None else 1
-  if not kernel.target.has_local: _block(kernel, out, lambda amount: amount * lanes <= TRANSPOSE_BLOCK_ROWS)
-  for axis in (across[-1], out) if kernel.target.has_local else ():  # the output's axis innermost: launch dimension 0
+  if not kernel.target.has_local:
+    _block(kernel, out, lambda amount: amount * lanes <= TRANSPOSE_BLOCK_ROWS)
+    return True
+  for axis in (across[-1], out):  # the output's axis innermost: launch dimension 0
     if divisors := [a for a in range(2, 9) if kernel.full_shape[axis] % a == 0]: _try(kernel, Opt(OptOps.LOCAL, axis, divisors[-1]))
   return True
 
