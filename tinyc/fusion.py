@@ -3,12 +3,16 @@ in schedule.py's docstring; each reason names its rule). A pure function of the 
 """
 from __future__ import annotations
 from enum import Enum, auto
-from typing import NamedTuple
+from typing import NamedTuple, cast
 from tinyc.helpers import prod
 from tinyc.ops import ElementwiseOps, LoadOps, ReduceOps, UnaryOps, UNSAFE_PAD_OPS
 from tinyc.shape.shapetracker import ShapeTracker
+from tinyc.shape.view import strides_for_shape
 from tinyc.lazy import LazyBuffer
 
+# a reduce of another frame nested in a kernel's loops (rule 10) sums at most this many elements a trip in loops of its own, and is
+# shared by at most this many output elements it does not depend on (the heuristic makes them lanes): attention's head dim
+NESTED_MAX = 128
 TRANSCENDENTAL = (UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT)
 
 class Fusion(Enum):
@@ -19,7 +23,7 @@ class Fusion(Enum):
   INLINE = auto()         # compute it here (an elementwise op; an assign or contiguous stored here: its value)
   REDUCE = auto()         # compute it here as a reduce of the kernel's own, before the stores
   ROW_REDUCE = auto()     # compute it here and read it back along the axes it reduced (rule 7)
-  NESTED_REDUCE = auto()  # compute it inside another reduce's loop, once per trip of the loops it depends on (rule 3)
+  NESTED_REDUCE = auto()  # compute it inside another reduce's loop, once per trip of the loops it depends on (rules 3 and 10)
   EMPTY_REDUCE = auto()   # a reduce of nothing: the reduce's identity, a constant
 
 class Decision(NamedTuple):
@@ -40,6 +44,13 @@ class Site(NamedTuple):
   enclosing: tuple[int, ...] | None  # the axes of the innermost reduce whose input this is (None: outside every reduce)
   frame: Frame | None                # the frame of the kernel's reduces, once it has one (a row kernel has none)
   row_axes: tuple[int, ...] | None   # the axes the kernel's row reduces reduce, once it has one
+  loops: tuple[int, ...] = ()        # the reduce axes whose loops run around this place
+
+class Nesting(NamedTuple):
+  """A reduce of another frame computed inside the kernel's loops (rule 10): for each dim of its input, the kernel axis it runs along
+  (None for a dim of size 1), and the reduced dims that become loops of their own (new axes, appended to the kernel's)."""
+  axes: tuple[int | None, ...]
+  new: tuple[int, ...]
 
 def decide(base: LazyBuffer, site: Site, consumers: int, realize: bool, stored: bool) -> Decision:
   """What the kernel at `site` does with `base`: `consumers` bases read it, `realize` says the graph-level rules (3, 5) store it,
@@ -57,7 +68,7 @@ def decide(base: LazyBuffer, site: Site, consumers: int, realize: bool, stored: 
     return how
   if base.op in UNSAFE_PAD_OPS and _has_mask(site.st):
     return Decision(Fusion.REALIZE, f"rule 4: it is seen through a pad and f(0) != 0 for {base.op.name}")
-  if site.enclosing is not None and prod(base.shape) > 1 and _expanded_outside(site.st, site.enclosing):
+  if site.enclosing is not None and prod(base.shape) > 1 and _expanded_outside(site.st, site.enclosing) and not _feeds_nesting(base, site):
     if consumers > 1:
       return Decision(Fusion.REALIZE, "rule 2: several kernels read it and a reduce reads it through an expand along an output axis, "
                                       "which would recompute it once per output element (a single value is recomputed)")
@@ -71,7 +82,7 @@ def decide(base: LazyBuffer, site: Site, consumers: int, realize: bool, stored: 
 
 def _also_store(base: LazyBuffer, site: Site, consumers: int, stored: bool) -> Decision:
   """Rule 8: a value that must be stored is computed and stored by the first kernel that reads it at the index it is stored at."""
-  if site.enclosing is not None and not stored and isinstance(base.op, ReduceOps) and _why_not_nested(base, site) is None:
+  if site.enclosing is not None and not stored and isinstance(base.op, ReduceOps) and why_not_nested(base, site) is None:
     return Decision(Fusion.NESTED_REDUCE, "rule 3: it must be stored, but a row reduce read inside another reduce over its rows is computed "
                                           "in that reduce's loop (the kernel that reads it outside the reduce stores it)")
   if stored: return Decision(Fusion.LOAD, "another kernel stores it")
@@ -99,10 +110,13 @@ def _fuse_reduce(base: LazyBuffer, site: Site, consumers: int, storing: bool) ->
   """How a kernel computes a reduce it reaches (`storing`: it also stores it, so other kernels reading it does not matter)."""
   frame = Frame(base.srcs[0].shape, base.arg)
   if site.enclosing is not None:
-    if (why := _why_not_nested(base, site)) is None:
+    if (why := why_not_nested(base, site)) is None:
       return Decision(Fusion.NESTED_REDUCE, "rule 3: a row reduce read by another reduce over its rows, computed in that reduce's loop once "
                                             "per row")
-    return Decision(Fusion.REALIZE, f"rule 3: a reduce read by another reduce is stored first, as {why}")
+    if isinstance(nested := nesting(base, site), Nesting):
+      return Decision(Fusion.NESTED_REDUCE, "rule 10: a reduce of another frame read by another reduce, computed in its loops once per element"
+                                            + (" with loops of its own" if nested.new else ""))
+    return Decision(Fusion.REALIZE, f"rule 3: a reduce read by another reduce is stored first, as {why}; and rule 10: {nested}")
   if _is_row_read(base, site):
     return Decision(Fusion.ROW_REDUCE, "rule 7: a reduce read back along the axes it reduced, by a kernel that stores its input's shape: "
                                        "computed in the row kernel before the row's store" + (", by every kernel that reads its rows"
@@ -122,7 +136,7 @@ def _fuse_reduce(base: LazyBuffer, site: Site, consumers: int, storing: bool) ->
   if site.frame == frame: return Decision(Fusion.REDUCE, "rule 3: a reduce over the same loops as the kernel's reduce joins it")
   return Decision(Fusion.REDUCE, "rule 3: the kernel's reduce, read through a plain reshape")
 
-def _why_not_nested(base: LazyBuffer, site: Site) -> str | None:
+def why_not_nested(base: LazyBuffer, site: Site) -> str | None:
   """Rule 3: a reduce inside another reduce's input is computed in its loop if it is read exactly along its rows, reduces only axes
   the outer reduce reduces, and the axes it depends on come before the others (so it runs once per trip of those loops)."""
   outer = site.enclosing
@@ -134,6 +148,60 @@ def _why_not_nested(base: LazyBuffer, site: Site) -> str | None:
   if depends and max(depends) > min((axis for axis in outer if axis not in depends), default=len(base.shape)):
     return "an axis it depends on comes after one it does not: it would be computed once per trip of that loop"
   return None
+
+def nesting(base: LazyBuffer, site: Site) -> Nesting | str:
+  """Rule 10: how a reduce read inside another reduce's input through a permute and expand of its result is computed in the kernel's
+  loops (or why it is not): each reduced dim runs along a loop around it that it does not vary along, or, for a contraction, along a
+  new loop of its own (at most NESTED_MAX elements); it varies along every other loop around it (so it is computed once per element),
+  and is shared by at most NESTED_MAX output elements. Not in a row kernel, whose rows are stored anyway. Attention's scores, a sum over the head dim,
+  computed in the loop over the keys of the row max, the softmax's sum and the sum of the values."""
+  if site.frame is None or site.row_axes is not None: return "the kernel is a row kernel, or has no reduce of its own"
+  in_shape, shape = base.srcs[0].shape, site.st.shape
+  if not all(isinstance(size, int) for size in in_shape + shape): return "its shape is symbolic"
+  if (dims := _axis_map(base.shape, site.st)) is None: return "it is read through a view other than a permute and expand of its result"
+  varying = set(dims.values())
+  axes: list[int | None] = [dims.get(dim) for dim in range(len(in_shape))]
+  shared: list[int] = []
+  for dim in base.arg:
+    if in_shape[dim] == 1: return "it reduces a dim of size 1"
+    axes[dim] = next((axis for axis in site.loops if axis not in varying and axis not in shared and shape[axis] == in_shape[dim]), None)
+    if axes[dim] is not None: shared.append(cast(int, axes[dim]))
+  new = tuple(dim for dim in base.arg if axes[dim] is None)
+  if new and not _is_contraction(base): return "it would need loops of its own, and it is not a contraction (attention's scores)"
+  if (own := prod(in_shape[dim] for dim in new)) > NESTED_MAX:
+    return f"it would sum {own} elements in loops of its own each trip, over {NESTED_MAX}"
+  if any(axis not in varying and axis not in shared for axis in site.loops):
+    return "it would be computed again in each trip of a loop it does not vary along"
+  if shared and (depends := varying & set(site.loops)) and max(depends) > min(shared):
+    return "an axis it depends on comes after one it reduces along: it would be computed once per trip of that loop"
+  if (lanes := prod(size for axis, size in enumerate(shape) if size > 1 and axis not in varying and axis not in site.loops)) > NESTED_MAX:
+    return f"it would be computed again for each of {lanes} output elements, over {NESTED_MAX}"
+  return Nesting(tuple(axes), new)
+
+def _axis_map(out_shape: tuple[int, ...], st: ShapeTracker) -> dict[int, int] | None:
+  """For a view that only permutes and expands a contiguous buffer of `out_shape`: each dim of the buffer (of size over 1) -> its axis."""
+  if len(st.views) != 1 or (view := st.views[0]).mask is not None or view.offset != 0: return None
+  strides, dims = strides_for_shape(out_shape), {}
+  for axis, (size, stride) in enumerate(zip(view.shape, view.strides)):
+    if size == 1 or stride == 0: continue
+    dim = next((dim for dim, (own, step) in enumerate(zip(out_shape, strides)) if own == size and step == stride and dim not in dims), None)
+    if dim is None: return None
+    dims[dim] = axis
+  return dims if all(size == 1 or dim in dims for dim, size in enumerate(out_shape)) else None
+
+def _feeds_nesting(base: LazyBuffer, site: Site, limit: int = 64) -> bool:
+  """Rule 10: whether an elementwise value read through an expand along output axes reaches, through elementwise ops, a reduce that is
+  computed in the kernel's loops with loops of its own (attention's probabilities, of the scores): the value is then computed once per
+  element of the loops and shared by the output elements it does not depend on (lanes), and storing it would store the matrix of scores."""
+  stack, seen = [(base, site.st)], 0
+  while stack and seen < limit:
+    node, st = stack.pop()
+    seen += 1
+    if node.realized is not None: continue
+    if isinstance(node.op, ReduceOps):
+      if isinstance(nested := nesting(node, site._replace(st=st)), Nesting) and nested.new: return True
+    elif isinstance(node.op, ElementwiseOps): stack.extend((src.base, src.st + st) for src in node.srcs)
+  return False
 
 def _is_contraction(base: LazyBuffer) -> bool:
   """Whether a reduce sums products of broadcast inputs (a matmul): every operand of its input is read through an expand."""

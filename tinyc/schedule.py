@@ -34,18 +34,24 @@ each); the KernelBuilder only follows decisions. The rules, each held by a test 
   9. Kernels with the same loops (same stored shapes and reduce frame) that read a common input at least as large as their outputs,
      neither needing the other, are one kernel with the stores of both (layernorm's weight and bias gradients): the input is read
      once. Not contractions (every input read through an expand, a matmul), whose tiles are chosen for one accumulator set.
+  10. A reduce read inside another reduce's input through a permute and expand of its result is computed in the kernel's loops, once
+     per element: along loops around it that it does not vary along (softmax's max and sum inside the sum over the keys of p @ v), or,
+     for a contraction of at most 128 products, along new axes of its own (the scores q.k); shared by at most 128 output elements
+     (lanes). A value read through an expand along output axes that reaches such a contraction is computed there, not stored.
+     softmax(q k^T) v is one kernel that stores no matrix of scores (fusion.nesting).
 Rules 3 and 8 depend on what later kernels decide: a pass that stores a value an earlier kernel of the pass recomputed is run again,
 with that value known to be stored from the start (see Scheduler).
 """
 from __future__ import annotations
-import heapq, sys, time
+import functools, heapq, sys, time
+from typing import Any, cast
 from tinyc.dtype import dtypes
 from tinyc.helpers import DEBUG, prod
 from tinyc import profiler
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, LoadOps, MemBuffer, ReduceOps, ScheduleItem, UnaryOps, const_key
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.lazy import LazyBuffer
-from tinyc.fusion import Decision, Fusion, Frame, Site, decide
+from tinyc.fusion import Decision, Fusion, Frame, Nesting, Site, decide, nesting, why_not_nested
 
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))  # graphs are walked recursively; a long training step is deep
 
@@ -102,15 +108,20 @@ class KernelBuilder:
     self.row_axes: tuple[int, ...] | None = None  # the axes the kernel's row reduces reduce
     self.cycles: set[LazyBuffer] = set()  # bases it would store that one of its inputs reads
     self.built: dict[tuple, LazyOp] = {}  # a base reached again the same way is the same value
+    self.new_axes: list[int] = []  # the sizes of the axes appended for reduces nested with loops of their own (rule 10)
+    self.nested_axes: dict[LazyBuffer, tuple[int, ...]] = {}  # each such reduce's new axes, the same wherever it is reached
     self.explained: set[LazyBuffer] | None = set() if DEBUG >= 3 else None  # bases whose decision DEBUG=3 printed
     value_src = root.srcs[0] if root.op in (LoadOps.CONTIGUOUS, LoadOps.ASSIGN) else root
     st = ShapeTracker.from_shape(root.shape)
-    value = self.build(value_src.base, value_src.st if value_src is not root else st, shared=False, enclosing=None)
+    value = self.build(value_src.base, value_src.st if value_src is not root else st, shared=False, enclosing=None, loops=())
     stores = [(root, value, st)] + [(base, value, view) for base, (value, view) in self.also.items()]
     if self.frame is not None and (reduce_shape := tuple(1 if a in self.frame.axes else s for a, s in enumerate(self.frame.shape))) != root.shape:
       # the epilogue was built in the root's shape; the kernel runs in the reduce's (same size, 1 in each reduced axis)
       reshaped: dict[LazyOp, LazyOp] = {}
       stores = [(base, _reshape_epilogue(value, reduce_shape, reshaped), view.reshape(reduce_shape)) for base, value, view in stores]
+    if self.new_axes:  # every view gets the axes nested reduces appended (size 1: they run along none of them)
+      rank, padded = len(self.frame.shape) + len(self.new_axes) if self.frame is not None else 0, cast(dict[LazyOp, LazyOp], {})
+      stores = [(base, value.map_buffers(functools.partial(_with_rank, rank), padded), _with_rank(rank, view)) for base, value, view in stores]
     self.outs = [base for base, _, _ in stores]
     def number(buf: MemBuffer | None) -> MemBuffer | None:  # inputs were numbered from 1 as they came: they follow the outputs
       return MemBuffer(buf.idx + len(stores) - 1, buf.dtype, buf.st) if isinstance(buf, MemBuffer) else buf
@@ -138,18 +149,20 @@ class KernelBuilder:
     if base not in self.inputs: self.inputs.append(base)
     return LazyOp(BufferOps.LOAD, (), MemBuffer(self.inputs.index(base) + 1, base.dtype, st))
 
-  def build(self, base: LazyBuffer, st: ShapeTracker, shared: bool, enclosing: tuple[int, ...] | None) -> LazyOp:
-    """The AST of `base`'s value seen through `st`; `enclosing`: the axes of the innermost reduce whose input this is."""
-    if self.scheduler.consumers.get(base, 0) <= 1: return self._build(base, st, shared, enclosing)  # reached again only through its reader
-    key = (base, st, shared, enclosing, self.frame, self.row_axes)
-    if (built := self.built.get(key)) is None: self.built[key] = built = self._build(base, st, shared, enclosing)
+  def build(self, base: LazyBuffer, st: ShapeTracker, shared: bool, enclosing: tuple[int, ...] | None, loops: tuple[int, ...]) -> LazyOp:
+    """The AST of `base`'s value seen through `st`; `enclosing`: the axes of the innermost reduce whose input this is; `loops`: the
+    reduce axes whose loops run around it."""
+    if self.scheduler.consumers.get(base, 0) <= 1: return self._build(base, st, shared, enclosing, loops)  # reached again only through its reader
+    key = (base, st, shared, enclosing, loops, self.frame, self.row_axes)
+    if (built := self.built.get(key)) is None: self.built[key] = built = self._build(base, st, shared, enclosing, loops)
     return built
 
-  def _build(self, base: LazyBuffer, st: ShapeTracker, shared: bool, enclosing: tuple[int, ...] | None) -> LazyOp:
+  def _build(self, base: LazyBuffer, st: ShapeTracker, shared: bool, enclosing: tuple[int, ...] | None, loops: tuple[int, ...]) -> LazyOp:
     scheduler = self.scheduler
     consumers = scheduler.consumers.get(base, 0)
     stored = base in scheduler.scheduled or base in scheduler.no_store or scheduler.storing.get(base, self) is not self
-    decision = decide(base, Site(self.root, st, shared, enclosing, self.frame, self.row_axes), consumers, base in scheduler.realizes, stored)
+    site = Site(self.root, st, shared, enclosing, self.frame, self.row_axes, loops)
+    decision = decide(base, site, consumers, base in scheduler.realizes, stored)
     self._explain(base, decision)
     fusion = decision.fusion
     if fusion is Fusion.REALIZE: scheduler.realize(base)
@@ -166,11 +179,39 @@ class KernelBuilder:
     if fusion is Fusion.ROW_REDUCE: self.row_axes = base.arg
     assert base.op is not None, f"{base} is realized, so it is loaded"
     if decision.store is not None: st = decision.store  # computed once per element it stores, whatever view reads it
-    if base.op in (LoadOps.ASSIGN, LoadOps.CONTIGUOUS): value = self.build(base.srcs[0].base, base.srcs[0].st + st, shared, enclosing)
-    elif isinstance(base.op, ReduceOps): value = LazyOp(base.op, (self.build(base.srcs[0].base, base.srcs[0].st, shared, base.arg),), base.arg)
-    else: value = _without_times_one(LazyOp(base.op, tuple(self.build(src.base, src.st + st, shared, enclosing) for src in base.srcs), base.arg))
+    if base.op in (LoadOps.ASSIGN, LoadOps.CONTIGUOUS): value = self.build(base.srcs[0].base, base.srcs[0].st + st, shared, enclosing, loops)
+    elif fusion is Fusion.NESTED_REDUCE and why_not_nested(base, site) is not None and isinstance(nested := nesting(base, site), Nesting):
+      value = self._nested(base, nested, st, shared, loops)
+    elif isinstance(base.op, ReduceOps):
+      around = {axis for axis in loops if axis < len(base.shape) and base.shape[axis] > 1}  # the loops it is computed in
+      inner_loops = tuple(sorted(set(base.arg) | around)) if enclosing is not None else base.arg
+      value = LazyOp(base.op, (self.build(base.srcs[0].base, base.srcs[0].st, shared, base.arg, inner_loops),), base.arg)
+    else:
+      value = _without_times_one(LazyOp(base.op, tuple(self.build(src.base, src.st + st, shared, enclosing, loops) for src in base.srcs), base.arg))
     if decision.store is not None: self.also[base] = (value, decision.store)
     return value
+
+  def _nested(self, base: LazyBuffer, nested: Nesting, st: ShapeTracker, shared: bool, loops: tuple[int, ...]) -> LazyOp:
+    """Rule 10: a reduce of another frame in the kernel's loops, its input seen along the kernel's axes, each reduced dim along the
+    loop it shares or a new axis of its own (the same ones wherever the reduce is reached)."""
+    assert self.frame is not None, "a nested reduce needs the kernel's frame"
+    if (own := self.nested_axes.get(base)) is None:
+      first = len(self.frame.shape) + len(self.new_axes)
+      own = self.nested_axes[base] = tuple(range(first, first + len(nested.new)))
+      self.new_axes += [base.srcs[0].shape[dim] for dim in nested.new]
+    axes = list(nested.axes)
+    for dim, axis in zip(nested.new, own): axes[dim] = axis
+    in_shape, rank = base.srcs[0].shape, len(self.frame.shape) + len(self.new_axes)
+    dims = sorted((dim for dim in range(len(in_shape)) if in_shape[dim] > 1), key=lambda dim: cast(int, axes[dim]))
+    full = [1] * rank
+    for dim in dims: full[cast(int, axes[dim])] = in_shape[dim]
+    squeezed = ShapeTracker.from_shape(in_shape).reshape(tuple(in_shape[dim] for dim in sorted(dims)))
+    view = squeezed.permute(tuple(sorted(dims).index(dim) for dim in dims))
+    reduced = tuple(sorted(cast(int, axes[dim]) for dim in base.arg))
+    varying = {axis for axis in range(len(st.shape)) if st.shape[axis] > 1 and axis not in reduced and st.real_strides()[axis] != 0}
+    inner_loops = tuple(sorted(set(reduced) | (set(loops) & varying)))
+    value = self.build(base.srcs[0].base, base.srcs[0].st + view.reshape(tuple(full)), shared, reduced, inner_loops)
+    return LazyOp(cast(ReduceOps, base.op), (value,), reduced)
 
   def _explain(self, base: LazyBuffer, decision: Decision) -> None:
     if self.explained is not None and base not in self.explained and decision.reason:
@@ -184,6 +225,13 @@ def _without_times_one(node: LazyOp) -> LazyOp:
     while operand.op is UnaryOps.CAST: operand = operand.src[0]  # 1 in any dtype is 1 in any other
     return operand.op is BufferOps.CONST and operand.arg.val == 1 and all(view.mask is None for view in operand.arg.st.views)
   return node.src[0] if is_one(node.src[1]) else node.src[1] if is_one(node.src[0]) else node
+
+def _with_rank(rank: int, buf_or_st: Any) -> Any:
+  """A buffer (or view) in a kernel of `rank` axes: the axes appended after its own are 1."""
+  if isinstance(buf_or_st, ShapeTracker):
+    return buf_or_st if len(buf_or_st.shape) == rank else buf_or_st.reshape(buf_or_st.shape + (1,) * (rank - len(buf_or_st.shape)))
+  if not isinstance(buf_or_st, (MemBuffer, ConstBuffer)) or len(buf_or_st.st.shape) == rank: return buf_or_st
+  return type(buf_or_st)(buf_or_st.idx if isinstance(buf_or_st, MemBuffer) else buf_or_st.val, buf_or_st.dtype, _with_rank(rank, buf_or_st.st))
 
 def _reshape_epilogue(node: LazyOp, shape: tuple[int, ...], done: dict[LazyOp, LazyOp] | None = None) -> LazyOp:
   """The epilogue (what lies outside every reduce) with its trackers reshaped to `shape`; each shared subtree once."""

@@ -202,9 +202,31 @@ class NNMixin:
     if is_causal:
       if attn_mask is not None: raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal, not both")
       attn_mask = type(self).ones(self.shape[-2], key.shape[-2], dtype=dtypes.bool, device=self.device).tril()
-    scores = self @ key.transpose(-2, -1) * (1 / math.sqrt(self.shape[-1]) if self.shape[-1] else math.inf)  # torch's scale, inf for d = 0
-    if attn_mask is not None: scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype == dtypes.bool else scores + attn_mask
-    return scores.softmax(-1).dropout(dropout_p) @ value
+    scale = 1 / math.sqrt(self.shape[-1]) if self.shape[-1] else math.inf  # torch's scale, inf for d = 0
+    def scores(q: Any, k: Any, *mask: Any) -> Any:
+      product = q @ k.transpose(-2, -1) * scale
+      if not mask: return product
+      return mask[0].where(product, -math.inf) if mask[0].dtype == dtypes.bool else product + mask[0]
+    masks = () if attn_mask is None else (attn_mask,)
+    if dropout_p and type(self).training: return scores(self, key, *masks).softmax(-1).dropout(dropout_p) @ value
+    # the forward is softmax(scores) @ v, which the scheduler computes in one kernel (rules 10, online softmax): no T x T matrix stored.
+    # The backward recomputes the probabilities from the scores and their log-sum-exp, as flash attention does: each gradient is one
+    # kernel that computes its scores (and the product of the output's gradient with v) per key in its loop, never storing them
+    out = scores(self, key, *[m.detach() for m in masks]).detach().softmax(-1) @ value.detach()
+    def backward(grad: Any, q: Any, k: Any, v: Any, *mask: Any) -> list[Any | None]:
+      logits = scores(q, k, *mask)
+      probs = (logits - logits.logsumexp(-1, keepdim=True)).exp()
+      delta = (grad * out.detach()).sum(-1, keepdim=True)
+      dscores = probs * (grad @ v.transpose(-2, -1) - delta)
+      grads = [(dscores @ k) * scale, (dscores.transpose(-2, -1) @ q) * scale, probs.transpose(-2, -1) @ grad]
+      return [g._sum_to(t.shape) for g, t in zip(grads, (q, k, v))] + [dscores._sum_to(m.shape) if m.dtype != dtypes.bool else None for m in mask]
+    return type(self)._composite(lambda *inputs: out, backward, self, key, value, *masks)
+  def _sum_to(self: Any, shape: tuple[int, ...]) -> Any:
+    """This gradient summed over the dims its input was broadcast along (the input's shape: leading dims and size-1 dims)."""
+    extra = self.ndim - len(shape)
+    summed = self.sum(tuple(range(extra))) if extra else self
+    axes = tuple(i for i, (size, want) in enumerate(zip(summed.shape, shape)) if want == 1 and size != 1)
+    return summed.sum(axes, keepdim=True) if axes else summed
 
   # ---- losses ----
   def binary_crossentropy(self: Any, y: Any) -> Any:

@@ -54,11 +54,17 @@ class ReduceMixin:
     return self.var(axis, keepdim, correction).sqrt()
   def softmax(self: Any, axis: int = -1) -> Any:
     x = self._floating()  # _reduce, not max: a softmax over a zero-size dim is empty, not an error
-    shifted = (x - x._reduce(F.Max, axis, True)).exp()
+    shifted = (x - x._reduce(F.Max, axis, True).detach()).exp()  # detached: the result does not depend on the shift
     return shifted / shifted.sum(axis, keepdim=True)
+  def logsumexp(self: Any, axis: int = -1, keepdim: bool = False) -> Any:
+    """log(sum(exp(x))) over axis, computed without overflow (-inf over an empty dim, as torch)."""
+    x = self._floating()
+    peak = x._reduce(F.Max, axis, True).detach()  # (see softmax)
+    result = peak + (x - peak).exp().sum(axis, keepdim=True).log()
+    return result if keepdim else result.squeeze(axis)
   def log_softmax(self: Any, axis: int = -1) -> Any:
     x = self._floating()
-    shifted = x - x._reduce(F.Max, axis, True)
+    shifted = x - x._reduce(F.Max, axis, True).detach()  # (see softmax)
     return shifted - shifted.exp().sum(axis, keepdim=True).log()
   def argmax(self: Any, axis: int | None = None, keepdim: bool = False) -> Any:
     """Index of the first maximum along axis (of the flattened tensor when axis is None)."""

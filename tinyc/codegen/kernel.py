@@ -31,6 +31,7 @@ from tinyc.codegen.uops import PYTHON_ALU
 from tinyc.codegen.axes import (CPU_TARGET, GPU_MAX_UPCAST, KIND_COLORS, LANES, LAYOUT_RANK, MAX_UPCAST, REDUCE_SIDE, SPLIT_KINDS, TC_DTYPES,
                                 TC_SHAPE, THREADS, AxisKind, KernelOptError, KernelTarget, Opt, OptOps, TileLayout, tc_reduce)
 from tinyc.shape.shapetracker import ShapeTracker
+from tinyc.codegen.online import factor_invariants
 from tinyc.codegen.warpgroups import a_in_registers, check_opt, check_warpgroup, contiguous_dimension, dense_strides, warpgroup_operands
 from tinyc.shape.symbolic import AndNode, Node, Variable, sym_max
 from tinyc.shape.view import View
@@ -40,7 +41,7 @@ MAX_OUTER_GROUPS = 65535  # work-groups a GPU launches along y and z (CUDA; NVID
 class Kernel:
   def __init__(self, ast: LazyOp, target: KernelTarget = CPU_TARGET) -> None:
     assert ast.op is BufferOps.SINK and all(store.op is BufferOps.STORE for store in ast.src), "a kernel's AST is a SINK of STOREs"
-    self.ast, self.target = ast, target
+    self.ast, self.target = (ast := factor_invariants(ast)), target  # (online.py: softmax's sum read after the values' sum)
     nodes = ast.walk()
     self.reduceops: list[LazyOp] = [node for node in nodes if node.op in ReduceOps]  # sources before their users
     self.stores: list[LazyOp] = list(ast.src)
@@ -61,9 +62,7 @@ class Kernel:
     self.tile_stages = 2  # the tiles of a staged input in local memory: this trip's, and those being filled for the next
     self.warpgroups = False  # TC's tiles computed by warpgroups (WARPGROUP)
     self.applied_opts: list[Opt] = []
-    self._sort_layout()
-    self._drop_size_one_axes()
-    self._merge_adjacent_axes()
+    for step in (self._sort_layout, self._drop_size_one_axes, self._merge_adjacent_axes): step()
 
   def copy(self) -> Kernel:
     """An independent kernel in the same state (every field is immutable or replaced on change, except the Opt list)."""

@@ -18,6 +18,7 @@ from tinyc.codegen.uops import (PACKED_16_BIT, PYTHON_ALU, VECTOR_WIDTH, GlobalB
                                UOp, UOps, cast_python_value, without_unused)
 from tinyc.codegen.tiles import Tile, define_tile, enter_trip, leave_trip, load_tiles, mma, start_tile_copies, store_tiles, wgmma
 from tinyc.codegen.packing import LOADED_DTYPES, pack, packed_axis
+from tinyc.codegen.online import online_groups, online_reduce
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
 IDENTITY = {BinaryOps.ADD: 0, BinaryOps.MUL: 1}
@@ -74,6 +75,7 @@ class Linearizer:
     self.tiles: dict[MemBuffer | ConstBuffer, Tile] = {kernel.bufs[number]: define_tile(self, number) for number in kernel.staged}
     # each buffer's number (its first, where one repeats): a Winograd transform reads 562 buffers, and list.index compared them one by one
     self.buffer_numbers = {buf: number for number, buf in reversed(list(enumerate(kernel.bufs)))}
+    self.online = online_groups(kernel)  # softmax's max and the sums that read it, each group in one loop
 
   # ---- making UOps ----
   def uop(self, op: UOps, dtype: DType | None, src: tuple[UOp, ...] = (), arg: Any = None, pure: bool = True) -> UOp:
@@ -299,6 +301,7 @@ class Linearizer:
     in `outer`. After a GROUP, every thread gets them, except after the last reduce, outside loops, with no row to store."""
     kernel, number, op = self.kernel, self.kernel.reduceops.index(reduceop), cast(ReduceOps, reduceop.op)
     grouped, looped, unrolled = ([axis for axis in kernel.axes(kind) if number in kernel.owners[axis]] for kind in REDUCE_SIDE)
+    if (group := self.online.get(reduceop)) is not None: return online_reduce(self, group, outer, looped, unrolled)
     key_axes = [axis for axis in outer.lane_axes if axis in self.value_axes(reduceop)]  # an accumulator for each of their lanes
     keys = list(itertools.product(*[range(kernel.full_shape[axis]) for axis in key_axes]))
     # on a CPU the lanes of one key axis may share an accumulator, a vector (packing.py): accumulators are keyed by the other axes

@@ -1,0 +1,97 @@
+"""Attention as the compiler's own fused kernels: softmax(q k^T) v is one kernel that computes its scores in the loop over the keys
+(schedule rule 10) with the max and the sums in one pass (online softmax, codegen/online.py), and scaled_dot_product_attention's
+backward recomputes the probabilities in each gradient's kernel. No kernel stores a matrix of scores. Checked against torch."""
+from __future__ import annotations
+import numpy as np
+import pytest
+import torch
+from tinyc import Tensor, GlobalCounters
+from tinyc.dtype import dtypes
+from tinyc.ops import LoadOps
+from tinyc.schedule import create_schedule
+from tinyc.codegen.kernel import Kernel
+from tinyc.codegen.linearizer import Linearizer
+from tinyc.codegen.uops import UOps
+from test_kernel_model import attention as attention_kernel
+
+def arrays(*shapes, seed=0):
+  rng = np.random.default_rng(seed)
+  return [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+
+def items_of(*tensors):
+  return [item for item in create_schedule([t.lazydata for t in tensors]) if item.ast.op not in LoadOps]
+
+def test_softmax_of_scores_times_values_is_one_kernel(tinyc_device):
+  q, k, v = arrays((2, 3, 40, 16), (2, 3, 56, 16), (2, 3, 56, 24))
+  out = (Tensor(q) @ Tensor(k).transpose(-2, -1) * 0.25).softmax(-1) @ Tensor(v)
+  (item,) = items_of(out)
+  assert item.outs == (out.lazydata.base,)
+  GlobalCounters.reset()
+  got = out.numpy()
+  assert GlobalCounters.kernel_count == 1
+  expected = torch.softmax(torch.tensor(q) @ torch.tensor(k).transpose(-2, -1) * 0.25, -1) @ torch.tensor(v)
+  np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-5)
+
+def test_scores_of_a_long_contraction_are_stored():
+  """Rule 10 nests a contraction of at most 128 products an element: a longer one is a matmul kernel of its own."""
+  q, k, v = arrays((40, 256), (56, 256), (56, 24))
+  out = (Tensor(q) @ Tensor(k).T).softmax(-1) @ Tensor(v)
+  assert any(base.shape == (40, 56, 1) for item in items_of(out) for base in item.outs)
+
+def test_a_reduce_that_is_not_a_contraction_is_not_nested_with_loops_of_its_own():
+  x, = arrays((8, 16))
+  out = (Tensor(x) - Tensor(x).max(1, keepdim=True)).sum(0)
+  assert len(items_of(out)) == 2
+
+def test_online_softmax_walks_the_keys_once():
+  """The max, the softmax's sum and the values' sum over the keys run in one loop (each computing the scores again would be three)."""
+  ast, _, _ = attention_kernel(rows=12, keys=20)
+  uops = Linearizer(Kernel(ast)).linearize()
+  assert sum(1 for uop in uops if uop.op is UOps.LOOP and uop.src[1].arg == 20) == 1
+
+CASES = {  # q, k, v shapes, mask kind
+  "plain": ((2, 3, 17, 8), (2, 3, 23, 8), (2, 3, 23, 8), None),
+  "causal": ((2, 2, 33, 16), (2, 2, 33, 16), (2, 2, 33, 16), "causal"),
+  "causal_rectangular": ((1, 2, 9, 8), (1, 2, 14, 8), (1, 2, 14, 4), "causal"),
+  "bool_mask": ((2, 2, 12, 8), (2, 2, 15, 8), (2, 2, 15, 8), "bool"),
+  "float_mask": ((2, 2, 12, 8), (2, 2, 15, 8), (2, 2, 15, 8), "float"),
+  "head_dim_128": ((1, 2, 24, 128), (1, 2, 24, 128), (1, 2, 24, 128), "causal"),
+  "three_dims": ((3, 10, 32), (3, 19, 32), (3, 19, 16), None),
+}
+
+@pytest.mark.parametrize("name", CASES)
+def test_attention_forward_and_backward_match_torch(name, tinyc_device):
+  q_shape, k_shape, v_shape, mask = CASES[name]
+  q, k, v, g = arrays(q_shape, k_shape, v_shape, q_shape[:-1] + v_shape[-1:], seed=len(name))
+  kwargs, torch_kwargs, masks = {}, {}, []
+  if mask == "causal": kwargs = torch_kwargs = {"is_causal": True}
+  elif mask == "bool":
+    keep = np.random.default_rng(1).random((q_shape[-2], k_shape[-2])) < 0.6
+    keep[:, 0] = True  # no row masked out entirely (0/0 in torch too)
+    kwargs, torch_kwargs = {"attn_mask": Tensor(keep)}, {"attn_mask": torch.tensor(keep)}
+  elif mask == "float":
+    bias, = arrays((q_shape[-2], k_shape[-2]), seed=3)
+    masks = [Tensor(bias, requires_grad=True), torch.tensor(bias, requires_grad=True)]
+    kwargs, torch_kwargs = {"attn_mask": masks[0]}, {"attn_mask": masks[1]}
+  tq, tk, tv = (Tensor(a, requires_grad=True) for a in (q, k, v))
+  out = tq.scaled_dot_product_attention(tk, tv, **kwargs)
+  (out * Tensor(g)).sum().backward()
+  grads = [tq.grad, tk.grad, tv.grad] + ([masks[0].grad] if masks else [])
+  scores = tuple(size for size in q_shape[:-1] + k_shape[-2:-1] if size != 1)
+  assert all(tuple(size for size in base.shape if size != 1) != scores for item in items_of(out, *grads) for base in item.outs)
+  rq, rk, rv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+  reference = torch.nn.functional.scaled_dot_product_attention(rq, rk, rv, **torch_kwargs)
+  (reference * torch.tensor(g)).sum().backward()
+  np.testing.assert_allclose(out.numpy(), reference.detach().numpy(), rtol=1e-4, atol=1e-5)
+  for got, want in zip(grads, [rq.grad, rk.grad, rv.grad] + ([masks[1].grad] if masks else [])):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-3, atol=1e-4)
+
+def test_logsumexp_matches_torch():
+  x, = arrays((4, 7))
+  tx, rx = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+  tx.logsumexp(1).sum().backward()
+  torch.logsumexp(rx, 1).sum().backward()
+  np.testing.assert_allclose(tx.logsumexp(1).numpy(), torch.logsumexp(rx, 1).detach().numpy(), rtol=1e-5)
+  np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=1e-5, atol=1e-7)
+  assert Tensor(np.zeros((3, 0), np.float32)).logsumexp(1).tolist() == [-np.inf] * 3
+  assert Tensor(x).logsumexp(0, keepdim=True).shape == (1, 7) and Tensor(x).half().logsumexp().dtype == dtypes.half

@@ -1,0 +1,145 @@
+"""Layer 3: softmax's reduces in one pass (online softmax). Imports dtype, ops, codegen/uops, codegen/axes; the Kernel and the
+Linearizer are passed in. A row max and the sums that read it as exp((y - max) c) run in one loop: a running max, and each sum rescaled by
+exp((old - new) c) whenever the max grows. Attention then computes its scores once per key instead of once for the max and again for
+each sum (scores.softmax() @ v: the max, the softmax's sum and the sum of the values), and reads each key and value once.
+"""
+from __future__ import annotations
+import functools, itertools
+from typing import TYPE_CHECKING, NamedTuple, cast
+from tinyc.dtype import dtypes
+from tinyc.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, UnaryOps
+from tinyc.codegen.uops import UOp, UOps
+from tinyc.codegen.axes import AxisKind
+if TYPE_CHECKING:
+  from tinyc.codegen.kernel import Kernel
+  from tinyc.codegen.linearizer import Lanes, Linearizer, Scope
+
+class OnlineGroup(NamedTuple):
+  """A MAX reduce and the SUMs over the same axes whose inputs are proportional to exp2((y - max) * scale), one scale each."""
+  peak: LazyOp
+  sums: tuple[LazyOp, ...]
+  scales: tuple[float, ...]
+
+def factor_invariants(ast: LazyOp) -> LazyOp:
+  """Each SUM's factors (multiplied or divided) that hold a reduce and do not vary along the SUM's axes, moved out of it:
+  sum_j(exp(s_j - m) / l * v_j) = sum_j(exp(s_j - m) v_j) / l, where l, the softmax's sum, is then read after the loop, so its
+  loop and the SUM's can be one (online_groups)."""
+  done: dict[LazyOp, LazyOp] = {}
+  def rewrite(node: LazyOp) -> LazyOp:
+    if (new := done.get(node)) is None:
+      new = LazyOp(node.op, tuple(rewrite(src) for src in node.src), node.arg)
+      if node.op is ReduceOps.SUM and dtypes.is_float(node.dtype): new = _factored(new)
+      done[node] = new
+    return new
+  return rewrite(ast)
+
+def _factored(reduce: LazyOp) -> LazyOp:
+  numerators, denominators = _factors(reduce.src[0])
+  def outside(factor: LazyOp) -> bool:
+    return any(node.op in ReduceOps for node in factor.walk()) and not _varies(factor, set(reduce.arg))
+  if not any(map(outside, numerators + denominators)) or all(map(outside, numerators)): return reduce
+  def product(factors: list[LazyOp], over: list[LazyOp]) -> LazyOp:
+    value = functools.reduce(lambda a, b: LazyOp(BinaryOps.MUL, (a, b)), factors)
+    return functools.reduce(lambda a, b: LazyOp(BinaryOps.DIV, (a, b)), over, value)
+  inner = LazyOp(ReduceOps.SUM, (product([f for f in numerators if not outside(f)], [f for f in denominators if not outside(f)]),), reduce.arg)
+  return product([inner] + [f for f in numerators if outside(f)], [f for f in denominators if outside(f)])
+
+def _factors(value: LazyOp) -> tuple[list[LazyOp], list[LazyOp]]:
+  """The factors a value multiplies, and those it divides by."""
+  if value.op is BinaryOps.MUL:
+    (a, b), (c, d) = _factors(value.src[0]), _factors(value.src[1])
+    return a + c, b + d
+  if value.op is BinaryOps.DIV:
+    a, b = _factors(value.src[0])
+    return a, b + [value.src[1]]
+  return [value], []
+
+def _varies(node: LazyOp, axes: set[int]) -> bool:
+  """Whether a value may differ along any of `axes` (its loads move there; a reduce's value never does along the axes it reduces)."""
+  if not axes: return False
+  if node.op in (BufferOps.LOAD, BufferOps.CONST):
+    st = node.arg.st
+    return any(st.shape[axis] != 1 and st.real_strides()[axis] != 0 for axis in axes)
+  if node.op in ReduceOps: return _varies(node.src[0], axes - set(node.arg))
+  return any(_varies(src, axes) for src in node.src)
+
+def online_groups(kernel: Kernel) -> dict[LazyOp, OnlineGroup]:
+  """Each reduce that runs in one loop with others (by every member): a float MAX of values a reduce computes, whose every reader among
+  the reduces is a SUM over the same axes of a value proportional to exp2((y - max) * scale), depending beyond the max only on output
+  axes. Not where a GROUP,
+  staged tiles or tensor cores split the loop among threads (their partial results would need rescaling as they meet)."""
+  if kernel.axes(AxisKind.GROUP) or kernel.staged or kernel.axes(AxisKind.TC): return {}
+  groups: dict[LazyOp, OnlineGroup] = {}
+  memo: dict[LazyOp, frozenset[int]] = {}
+  for number, peak in enumerate(kernel.reduceops):
+    # only where the max's input is itself a reduce's result (attention's scores): recomputing it in each pass costs more than the
+    # rescaling's exp a trip (a plain softmax row reads its values twice from cache instead)
+    if peak.op is not ReduceOps.MAX or not dtypes.is_float(peak.dtype) or not any(node.op in ReduceOps for node in peak.src[0].walk()):
+      continue
+    side = {axis for axis, owners in enumerate(kernel.owners) if number in owners}
+    readers = [reduce for reduce in kernel.reduceops if reduce is not peak and peak in reduce.src[0].walk()]
+    scales = [_exp_scale(reduce.src[0], peak) if reduce.op is ReduceOps.SUM else None for reduce in readers]
+    if not readers or None in scales or any(other in reduce.src[0].walk() for reduce in readers for other in readers): continue
+    if any({axis for axis, owners in enumerate(kernel.owners) if kernel.reduceops.index(reduce) in owners} != side or
+           any(kernel.kinds[axis] not in (AxisKind.GLOBAL, AxisKind.LOCAL, AxisKind.UPCAST) for axis in
+               kernel.value_axes(reduce, memo) - kernel.value_axes(peak, memo)) for reduce in readers): continue
+    group = OnlineGroup(peak, tuple(readers), tuple(cast(float, scale) for scale in scales))
+    groups.update({member: group for member in (peak, *readers)})
+  return groups
+
+def _exp_scale(value: LazyOp, peak: LazyOp) -> float | None:
+  """c where `value` is a product with one factor exp2((y - peak) * c), c > 0, and the peak in no other; else None."""
+  numerators, denominators = _factors(value)
+  holding = [factor for factor in numerators + denominators if peak in factor.walk()]
+  if len(holding) != 1 or holding[0] not in numerators or (exp := holding[0]).op is not UnaryOps.EXP2 or exp.src[0].op is not BinaryOps.MUL:
+    return None
+  for shifted, scale in (exp.src[0].src, exp.src[0].src[::-1]):
+    if shifted.op is BinaryOps.SUB and shifted.src[1] is peak and peak not in shifted.src[0].walk() and scale.op is BufferOps.CONST \
+       and isinstance(scale.arg.val, float) and scale.arg.val > 0 and all(view.mask is None for view in scale.arg.st.views):
+      return scale.arg.val
+  return None
+
+def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, looped: list[int], unrolled: list[int]) -> None:
+  """The group's reduces in one walk of their axes: each trip, the new max of every row; each sum's accumulator scaled by
+  exp2((old max - new max) * scale) and the trip's values (computed with the new max) added. A max still -inf (every value so far
+  -inf: a masked key) is used as 0, so no -inf - -inf makes a nan. Records every member's result in `outer`."""
+  kernel, members = lin.kernel, (group.peak, *group.sums)
+  key_axes = {reduce: [axis for axis in outer.lane_axes if axis in lin.value_axes(reduce)] for reduce in members}
+  keys = {reduce: list(itertools.product(*[range(kernel.full_shape[axis]) for axis in key_axes[reduce]])) for reduce in members}
+  accs = {reduce: lin.define_accs(reduce, len(keys[reduce])) for reduce in members}
+  scope = type(outer)(dict(outer.bound), sorted(set(unrolled).union(*key_axes.values())), dict(outer.reduced))
+  loops = lin.walk_loops(looped, group.peak.src[0], scope)
+  def own_lanes(reduce: LazyOp) -> Lanes:  # each reduce's lanes: its key axes' and the unrolled ones (one value each, not one per lane)
+    return lin.lanes(type(scope)(scope.bound, sorted(key_axes[reduce] + unrolled), scope.reduced))
+  def key_of(reduce: LazyOp, idxs: list) -> tuple[int, ...]: return tuple(cast(int, idxs[axis].b) for axis in key_axes[reduce])
+  dtype = group.peak.dtype
+  trip_max: dict[tuple[int, ...], UOp] = {}
+  lanes = own_lanes(group.peak)
+  for idxs, value in zip(lanes.idxs, lin.parse(group.peak.src[0], lanes, scope)):
+    key = key_of(group.peak, idxs)
+    trip_max[key] = lin.alu(BinaryOps.MAX, dtype, trip_max[key], value) if key in trip_max else value
+  minus_inf, zero = lin.const(dtypes.min(dtype), dtype), lin.const(0.0, dtype)
+  old, new, safe = {}, {}, {}
+  for key, acc in zip(keys[group.peak], accs[group.peak]):
+    old[key] = lin.uop(UOps.LOAD, dtype, (acc,), pure=False)
+    new[key] = lin.alu(BinaryOps.MAX, dtype, old[key], trip_max[key])
+    safe[key] = lin.alu(TernaryOps.WHERE, dtype, lin.alu(BinaryOps.CMPEQ, dtypes.bool, new[key], minus_inf), zero, new[key])
+  scope.reduced[group.peak] = (tuple(key_axes[group.peak]), safe)  # the sums' inputs read the running max
+  for reduce in group.sums: lin.hoist(reduce.src[0], scope)
+  for reduce, scale in zip(group.sums, group.scales):
+    added: dict[tuple[int, ...], UOp] = {}
+    lanes = own_lanes(reduce)
+    for idxs, value in zip(lanes.idxs, lin.parse(reduce.src[0], lanes, scope)):
+      key = key_of(reduce, idxs)
+      added[key] = lin.alu(BinaryOps.ADD, dtype, added[key], value) if key in added else value
+    for key, acc in zip(keys[reduce], accs[reduce]):
+      peak_key = tuple(key[key_axes[reduce].index(axis)] for axis in key_axes[group.peak])
+      shift = lin.alu(BinaryOps.MUL, dtype, lin.alu(BinaryOps.SUB, dtype, old[peak_key], safe[peak_key]), lin.const(scale, dtype))
+      rescaled = lin.alu(BinaryOps.MUL, dtype, lin.uop(UOps.LOAD, dtype, (acc,), pure=False), lin.alu(UnaryOps.EXP2, dtype, shift))
+      lin.uop(UOps.STORE, None, (acc, lin.alu(BinaryOps.ADD, dtype, rescaled, added[key])), pure=False)
+  # the new max is stored last: C renderers name an accumulator's value by the accumulator, so every read of the old one comes first
+  for key, acc in zip(keys[group.peak], accs[group.peak]): lin.uop(UOps.STORE, None, (acc, new[key]), pure=False)
+  for loop in reversed(loops): lin.end(loop)
+  for reduce in members:
+    results = {key: lin.uop(UOps.LOAD, dtype, (acc,), pure=False) for key, acc in zip(keys[reduce], accs[reduce])}
+    outer.reduced[reduce] = (tuple(key_axes[reduce]), results)
