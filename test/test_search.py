@@ -89,8 +89,10 @@ def other_programs_database(path):
     connection.execute("CREATE TABLE accounts (name TEXT, balance INTEGER)")
     connection.execute("INSERT INTO accounts VALUES ('alice', 100)")
 
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every sqlite database
+
 @pytest.mark.parametrize("make", [lambda path: path.write_bytes(b"my notes, not a database\n" * 100), other_programs_database,
-                                  lambda path: path.write_bytes(bytes(8192)), lambda path: path.write_bytes(search.SQLITE_MAGIC + b"cut")],
+                                  lambda path: path.write_bytes(bytes(8192)), lambda path: path.write_bytes(SQLITE_HEADER + b"cut")],
                          ids=["text file", "another program's sqlite database", "zeros", "a cut sqlite header"])
 def test_a_file_that_is_not_a_tinyc_cache_is_refused_and_left_untouched(tmp_path, make):
   path = tmp_path / "beam.db"
@@ -183,7 +185,7 @@ def test_a_process_that_closes_the_cache_leaves_this_one_s_connections_working(t
     finish.set()
     holder.join()
   search._forget()
-  assert "damaged" not in capsys.readouterr().err and path.read_bytes()[:16] == search.SQLITE_MAGIC
+  assert "damaged" not in capsys.readouterr().err and path.read_bytes()[:16] == SQLITE_HEADER
   with contextlib.closing(sqlite3.connect(path)) as connection:
     assert connection.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     assert connection.execute("SELECT count(*) FROM programs").fetchone() == (1 + 300 + 1 + 5,)
