@@ -1,7 +1,7 @@
 """BEAM search: results equal the unoptimized kernel's, the cache is hit on a second run and survives corruption, and broken
 candidates (a compiler error, a crashed worker, a hung worker) are dropped without harm. Runs on every device of the op suite."""
 from __future__ import annotations
-import contextlib, os, sqlite3, subprocess, sys, threading, time
+import contextlib, multiprocessing, os, sqlite3, subprocess, sys, threading, time
 import numpy as np
 import pytest
 from tinyc import Tensor
@@ -189,6 +189,36 @@ def test_a_process_that_closes_the_cache_leaves_this_one_s_connections_working(t
   with contextlib.closing(sqlite3.connect(path)) as connection:
     assert connection.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     assert connection.execute("SELECT count(*) FROM programs").fetchone() == (1 + 300 + 1 + 5,)
+
+def _write_in_a_fork(resume, rows: int) -> None:
+  """A forked child's work: a row, then (once the parent has closed its connection and written more) rows and a checkpoint."""
+  search.cache_execute("INSERT INTO programs VALUES ('child 0', '{}', x'00')", ())
+  resume.recv()
+  for row in range(1, rows): search.cache_execute("INSERT INTO programs VALUES (?, '{}', ?)", (f"child {row}", os.urandom(4000)))
+  search.cache_execute("PRAGMA wal_checkpoint", ())
+
+def test_a_forked_child_leaves_the_parents_cache_intact(tmp_path, capsys):
+  """A child forked while this process holds the cache open inherits SQLite's record of the file (its locks, its WAL index):
+  it must not use the file through it. Here this process then closes its connection (as it does when the file changed), which
+  deletes the WAL if no other process holds the file, and writes on; the child writes on and checkpoints."""
+  path, write = tmp_path / "beam.db", lambda key: search.cache_execute("INSERT INTO programs VALUES (?, '{}', ?)", (key, os.urandom(4000)))
+  for row in range(20): write(f"parent {row}")
+  context = multiprocessing.get_context("fork")
+  resume, resume_child = context.Pipe()
+  child = context.Process(target=_write_in_a_fork, args=(resume_child, 50))
+  child.start()
+  time.sleep(0.5)  # the child has written its first row
+  search._forget()
+  for row in range(20, 60): write(f"parent {row}")
+  resume.send(True)
+  child.join(timeout=60)
+  assert child.exitcode == 0
+  for row in range(60, 80): write(f"parent {row}")
+  search._forget()
+  assert "damaged" not in capsys.readouterr().err and path.read_bytes()[:16] == SQLITE_HEADER
+  with contextlib.closing(sqlite3.connect(path)) as connection:
+    assert connection.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    assert connection.execute("SELECT count(*) FROM programs WHERE key LIKE 'parent %'").fetchone() == (80,)
 
 def unwritable_locations(tmp_path):
   (tmp_path / "a_file").write_text("x")
