@@ -229,6 +229,7 @@ def _made_by_tinyc(path: Path) -> bool:
 
 def _connect(path: Path) -> sqlite3.Connection:
   path.parent.mkdir(parents=True, exist_ok=True)
+  _opened.add(path.resolve())
   made = _made_by_tinyc(path)
   connection = sqlite3.connect(path, timeout=30, isolation_level=None)  # autocommit: one statement is one transaction
   try:
@@ -248,9 +249,16 @@ def _connect(path: Path) -> sqlite3.Connection:
   return connection
 
 # each thread keeps its connection open: closing the last one checkpoints the WAL into the file, 12 ms a statement. It is opened
-# anew for another path, process (a connection must not cross a fork: the child leaves the inherited one alone) or file, and when
-# the file changed under it (a checkpoint, or something else writing it); _connect checks then that tinyc made the file
+# anew for another path, process or file, and when the file changed under it (a checkpoint, or something else writing it);
+# _connect checks then that tinyc made the file
 _held = threading.local()
+# A forked child inherits SQLite's record of each file its parent had open (one per file, shared by every connection to it in
+# the process: which locks the process holds, the WAL index it maps). A new connection of the child's to such a file believes
+# the parent's lock on it its own and takes none, so the parent, closing its last connection, deletes the WAL and its index
+# under the child, and the child's checkpoint then writes pages the parent's rows no longer match. The child works without
+# those files, and leaves the inherited connections open (closing one acts on that record too).
+_opened: set[Path] = set()  # the files this process has connected to
+_forked_from: set[Path] = set()  # the files this process's parent (or an earlier ancestor) had connected to at the fork
 _inherited: list[threading.local] = []
 
 def _run(path: Path, statement: str, parameters: tuple[str | bytes, ...]) -> list[Any]:
@@ -272,12 +280,16 @@ def _keep_inherited() -> None:
   global _held
   _inherited.append(_held)
   _held = threading.local()
+  _forked_from.update(_opened)
 if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_keep_inherited)
 
 def cache_execute(statement: str, parameters: tuple[str | bytes, ...]) -> list[Any]:
   """The rows of one statement run on the cache in its own transaction (the cache made where absent, rebuilt where damaged); none
   (after one warning) where the cache cannot be used."""
   path = cache_path()
+  if _forked_from and path.resolve() in _forked_from:
+    if DEBUG >= 1: warn_once(f"the cache {path} was open in the process this one was forked from: working without it (see search.py)")
+    return []
   try:
     try: return _run(path, statement, parameters)
     except sqlite3.OperationalError:  # cannot open or write (or locked past the timeout): not damage
