@@ -193,6 +193,7 @@ def test_a_process_that_closes_the_cache_leaves_this_one_s_connections_working(t
 def _write_in_a_fork(resume, rows: int) -> None:
   """A forked child's work: a row, then (once the parent has closed its connection and written more) rows and a checkpoint."""
   search.cache_execute("INSERT INTO programs VALUES ('child 0', '{}', x'00')", ())
+  resume.send("written")
   resume.recv()
   for row in range(1, rows): search.cache_execute("INSERT INTO programs VALUES (?, '{}', ?)", (f"child {row}", os.urandom(4000)))
   search.cache_execute("PRAGMA wal_checkpoint", ())
@@ -207,7 +208,7 @@ def test_a_forked_child_leaves_the_parents_cache_intact(tmp_path, capsys):
   resume, resume_child = context.Pipe()
   child = context.Process(target=_write_in_a_fork, args=(resume_child, 50))
   child.start()
-  time.sleep(0.5)  # the child has written its first row
+  assert resume.poll(60) and resume.recv() == "written"
   search._forget()
   for row in range(20, 60): write(f"parent {row}")
   resume.send(True)
