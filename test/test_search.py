@@ -1,7 +1,7 @@
 """BEAM search: results equal the unoptimized kernel's, the cache is hit on a second run and survives corruption, and broken
 candidates (a compiler error, a crashed worker, a hung worker) are dropped without harm. Runs on every device of the op suite."""
 from __future__ import annotations
-import contextlib, os, sqlite3, subprocess, sys, time
+import contextlib, multiprocessing, os, sqlite3, subprocess, sys, threading, time
 import numpy as np
 import pytest
 from tinyc import Tensor
@@ -89,8 +89,10 @@ def other_programs_database(path):
     connection.execute("CREATE TABLE accounts (name TEXT, balance INTEGER)")
     connection.execute("INSERT INTO accounts VALUES ('alice', 100)")
 
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every sqlite database
+
 @pytest.mark.parametrize("make", [lambda path: path.write_bytes(b"my notes, not a database\n" * 100), other_programs_database,
-                                  lambda path: path.write_bytes(bytes(8192)), lambda path: path.write_bytes(search.SQLITE_MAGIC + b"cut")],
+                                  lambda path: path.write_bytes(bytes(8192)), lambda path: path.write_bytes(SQLITE_HEADER + b"cut")],
                          ids=["text file", "another program's sqlite database", "zeros", "a cut sqlite header"])
 def test_a_file_that_is_not_a_tinyc_cache_is_refused_and_left_untouched(tmp_path, make):
   path = tmp_path / "beam.db"
@@ -152,6 +154,72 @@ def test_a_cache_another_process_is_making_is_waited_for(tmp_path, state):
   search.cache_put("another key", [Opt(OptOps.LOCAL, 1, 16)])
   assert search.cache_get("another key") == (Opt(OptOps.LOCAL, 1, 16),)
   with contextlib.closing(sqlite3.connect(path)) as connection: assert connection.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+
+# another process writing the cache and closing it: SQLite deletes the WAL (and its index) when the last connection closes, which it
+# knows by getting an exclusive POSIX lock on the database. Every connection of this process must stay in use for it meanwhile.
+WRITER = """
+import contextlib, os, sqlite3, sys
+with contextlib.closing(sqlite3.connect(sys.argv[1], isolation_level=None)) as connection:
+  for row in range(int(sys.argv[3])): connection.execute("INSERT INTO programs VALUES (?, '{}', ?)", (f"{sys.argv[2]} {row}", os.urandom(4000)))
+"""
+
+def test_a_process_that_closes_the_cache_leaves_this_one_s_connections_working(tmp_path, capsys):
+  """A thread keeps its connection (as every thread that used the cache does) while this one writes, other processes write and close,
+  and this one writes enough to checkpoint: every row stays, nothing is damaged (the GPU suite's session caches lost page 1 so)."""
+  path, write = tmp_path / "beam.db", lambda key: search.cache_execute("INSERT INTO programs VALUES (?, '{}', ?)", (key, os.urandom(4000)))
+  def other_process(name: str, rows: int) -> None: subprocess.run([sys.executable, "-c", WRITER, str(path), name, str(rows)], check=True)
+  opened, finish = threading.Event(), threading.Event()
+  def hold() -> None:
+    write("thread")
+    opened.set()
+    finish.wait()
+  holder = threading.Thread(target=hold)
+  holder.start()
+  try:
+    opened.wait()
+    for key in ("this 0", "this 1"): write(key)
+    other_process("first", 1)
+    other_process("second", 5)
+    for row in range(2, 300): write(f"this {row}")
+  finally:
+    finish.set()
+    holder.join()
+  search._forget()
+  assert "damaged" not in capsys.readouterr().err and path.read_bytes()[:16] == SQLITE_HEADER
+  with contextlib.closing(sqlite3.connect(path)) as connection:
+    assert connection.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    assert connection.execute("SELECT count(*) FROM programs").fetchone() == (1 + 300 + 1 + 5,)
+
+def _write_in_a_fork(resume, rows: int) -> None:
+  """A forked child's work: a row, then (once the parent has closed its connection and written more) rows and a checkpoint."""
+  search.cache_execute("INSERT INTO programs VALUES ('child 0', '{}', x'00')", ())
+  resume.send("written")
+  resume.recv()
+  for row in range(1, rows): search.cache_execute("INSERT INTO programs VALUES (?, '{}', ?)", (f"child {row}", os.urandom(4000)))
+  search.cache_execute("PRAGMA wal_checkpoint", ())
+
+def test_a_forked_child_leaves_the_parents_cache_intact(tmp_path, capsys):
+  """A child forked while this process holds the cache open inherits SQLite's record of the file (its locks, its WAL index):
+  it must not use the file through it. Here this process then closes its connection (as it does when the file changed), which
+  deletes the WAL if no other process holds the file, and writes on; the child writes on and checkpoints."""
+  path, write = tmp_path / "beam.db", lambda key: search.cache_execute("INSERT INTO programs VALUES (?, '{}', ?)", (key, os.urandom(4000)))
+  for row in range(20): write(f"parent {row}")
+  context = multiprocessing.get_context("fork")
+  resume, resume_child = context.Pipe()
+  child = context.Process(target=_write_in_a_fork, args=(resume_child, 50))
+  child.start()
+  assert resume.poll(60) and resume.recv() == "written"
+  search._forget()
+  for row in range(20, 60): write(f"parent {row}")
+  resume.send(True)
+  child.join(timeout=60)
+  assert child.exitcode == 0
+  for row in range(60, 80): write(f"parent {row}")
+  search._forget()
+  assert "damaged" not in capsys.readouterr().err and path.read_bytes()[:16] == SQLITE_HEADER
+  with contextlib.closing(sqlite3.connect(path)) as connection:
+    assert connection.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    assert connection.execute("SELECT count(*) FROM programs WHERE key LIKE 'parent %'").fetchone() == (80,)
 
 def unwritable_locations(tmp_path):
   (tmp_path / "a_file").write_text("x")

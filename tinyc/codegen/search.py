@@ -202,7 +202,6 @@ def cache_path() -> Path: return Path(getenv("CACHEDB", str(cache_dir() / "beam.
 # the cache's own sqlite database: marked by an application id in its header, so that tinyc never reads, rebuilds or deletes a
 # file it did not make; in WAL mode (readers do not wait for a writer), each write one transaction, so processes share it safely
 APPLICATION_ID = 0x74696E63  # "tinc"
-SQLITE_MAGIC = b"SQLite format 3\x00"
 TABLES = {"beam": "CREATE TABLE IF NOT EXISTS beam (key TEXT PRIMARY KEY, opts TEXT NOT NULL)",
           "programs": "CREATE TABLE IF NOT EXISTS programs (key TEXT PRIMARY KEY, program TEXT NOT NULL, binary BLOB NOT NULL)"}
 _checked: set[Path] = set()  # caches whose every page this process has read once (damage shows there)
@@ -213,14 +212,15 @@ class CacheFileError(RuntimeError):
 def _made_by_tinyc(path: Path) -> bool:
   """Whether `path` is tinyc's cache (False: absent, new, or an older tinyc's unmarked cache to adopt); CacheFileError otherwise."""
   if not path.is_file(): return False
-  with path.open("rb") as file: header = file.read(100)
-  if header.startswith(SQLITE_MAGIC) and int.from_bytes(header[68:72], "big") == APPLICATION_ID: return True
   refuse = f"The cache {path} is not a tinyc cache ({{}}): tinyc neither reads nor replaces it. Set CACHEDB to another file."
-  if not SQLITE_MAGIC.startswith(header[:16].rstrip(b"\0")): raise CacheFileError(refuse.format("not an sqlite database"))
-  # any other start (none, zeros, a part of SQLite's header) may be a file another process is making right now (an SQLite that maps
-  # files grows a new one, zeros, before it writes page 1): SQLite reads it again under its lock, so waits until that one is done
+  # SQLite reads the header, never a file object of tinyc's: closing any descriptor of a file drops every POSIX lock the process
+  # holds on it, its connections' too, after which another process closing the cache thinks itself the last user and deletes the
+  # WAL and its index under them (what they write next can overwrite page 1). SQLite keeps its own descriptors open while any of
+  # its connections holds a lock. A file another process is making (empty, zeros while an SQLite that maps files grows it, a
+  # part of page 1) is read under SQLite's lock, so waited for.
   try:
     with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30)) as connection:
+      if connection.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID: return True  # (damage further in: _connect)
       tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
   except sqlite3.OperationalError: raise
   except sqlite3.DatabaseError as error: raise CacheFileError(refuse.format(f"not a readable sqlite database: {error}")) from error
@@ -229,6 +229,7 @@ def _made_by_tinyc(path: Path) -> bool:
 
 def _connect(path: Path) -> sqlite3.Connection:
   path.parent.mkdir(parents=True, exist_ok=True)
+  _opened.add(path.resolve())
   made = _made_by_tinyc(path)
   connection = sqlite3.connect(path, timeout=30, isolation_level=None)  # autocommit: one statement is one transaction
   try:
@@ -248,13 +249,19 @@ def _connect(path: Path) -> sqlite3.Connection:
   return connection
 
 # each thread keeps its connection open: closing the last one checkpoints the WAL into the file, 12 ms a statement. It is opened
-# anew for another path, process (a connection must not cross a fork: the child leaves the inherited one alone) or file, and when
-# the file changed under it (a checkpoint, or something else writing it)
+# anew for another path, process or file, and when the file changed under it (a checkpoint, or something else writing it);
+# _connect checks then that tinyc made the file
 _held = threading.local()
+# A forked child inherits SQLite's record of each file its parent had open (one per file, shared by every connection to it in
+# the process: which locks the process holds, the WAL index it maps). A new connection of the child's to such a file believes
+# the parent's lock on it its own and takes none, so the parent, closing its last connection, deletes the WAL and its index
+# under the child, and the child's checkpoint then writes pages the parent's rows no longer match. The child works without
+# those files, and leaves the inherited connections open (closing one acts on that record too).
+_opened: set[Path] = set()  # the files this process has connected to
+_forked_from: set[Path] = set()  # the files this process's parent (or an earlier ancestor) had connected to at the fork
 _inherited: list[threading.local] = []
 
 def _run(path: Path, statement: str, parameters: tuple[str | bytes, ...]) -> list[Any]:
-  _made_by_tinyc(path)  # refuses a file tinyc did not make, every time
   if getattr(_held, "identity", None) != _identity(path):
     _forget()
     _held.connection = _connect(path)
@@ -273,12 +280,16 @@ def _keep_inherited() -> None:
   global _held
   _inherited.append(_held)
   _held = threading.local()
+  _forked_from.update(_opened)
 if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_keep_inherited)
 
 def cache_execute(statement: str, parameters: tuple[str | bytes, ...]) -> list[Any]:
   """The rows of one statement run on the cache in its own transaction (the cache made where absent, rebuilt where damaged); none
   (after one warning) where the cache cannot be used."""
   path = cache_path()
+  if _forked_from and path.resolve() in _forked_from:
+    if DEBUG >= 1: warn_once(f"the cache {path} was open in the process this one was forked from: working without it (see search.py)")
+    return []
   try:
     try: return _run(path, statement, parameters)
     except sqlite3.OperationalError:  # cannot open or write (or locked past the timeout): not damage
