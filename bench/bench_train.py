@@ -236,11 +236,12 @@ def gpt_table(config: GPTConfig, steps: int, torch_device: str) -> None:
   ours = tinyc_gpt_row(config, steps)
   show("tinyc fp32", ours, None)
   show("torch eager fp32", torch_gpt_row(config, steps, torch_device), ours.ms)
+  def reason(error: Exception) -> str: return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
   try: show("torch.compile fp32", torch_gpt_row(config, steps, torch_device, compiled=True), ours.ms)
-  except Exception as error:  # no triton, no C++ compiler, ...: the row says why
-    show("torch.compile fp32", f"unavailable: {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}", None)
+  except Exception as error: show("torch.compile fp32", f"unavailable: {reason(error)}", None)  # no triton, no C++ compiler, ...
   autocast = tinyc_autocast_bf16()
-  ours_bf16 = autocast if isinstance(autocast, str) else tinyc_gpt_row(config, steps, autocast)
+  try: ours_bf16 = autocast if isinstance(autocast, str) else tinyc_gpt_row(config, steps, autocast)
+  except Exception as error: ours_bf16 = f"failed: {reason(error)}"  # an autocast whose call differs from tinyc_autocast_bf16's guess
   show("tinyc bf16 autocast", ours_bf16, None)
   show("torch eager bf16 autocast", torch_gpt_row(config, steps, torch_device, bf16=True), None if isinstance(ours_bf16, str) else ours_bf16.ms)
 

@@ -1,9 +1,10 @@
 """bench/bench_train.py's GPT and attention rows run end to end at tiny sizes, and its torch.nn GPT is examples/gpt.py's model."""
-import sys
+import contextlib, sys
 from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import tinyc
 from tinyc import Tensor
 from tinyc.nn.state import get_state_dict
 
@@ -51,3 +52,17 @@ def test_sdpa_rows_run_and_count_the_forwards_bytes(monkeypatch, capsys):
     assert row[3].endswith("x") and row[-1] == "default", row
     moved, qkvo = float(row[4]), float(row[6])
     assert qkvo == pytest.approx(4 * 16 * 16 * itemsize / 1e6, abs=0.05) and moved >= qkvo, row  # at least q, k, v read, out written
+
+def test_the_bf16_row_runs_tinycs_step_under_an_autocast_once_tinyc_has_one(monkeypatch, capsys):
+  entered = []
+  @contextlib.contextmanager
+  def autocast(dtype):  # a stand-in: records what the row asked for, computes in fp32
+    entered.append(dtype)
+    yield
+  monkeypatch.setattr(tinyc, "autocast", autocast, raising=False)
+  monkeypatch.setattr(torch, "compile", lambda model: model)
+  bench_train.gpt_table(TINY_GPT, 2, "cpu")
+  out = capsys.readouterr().out
+  rows = {line[:25].strip(): line[25:].split() for line in out.splitlines() if line.startswith(("tinyc ", "torch"))}
+  assert entered and set(entered) == {tinyc.dtypes.bfloat16}, entered  # the forward ran under it, while captured
+  assert int(rows["tinyc bf16 autocast"][-1]) > 10 and rows["torch eager bf16 autocast"][1].endswith("x"), out
