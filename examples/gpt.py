@@ -1,15 +1,18 @@
 """A tiny character-level GPT trained on the docstrings of Python's standard library (offline), then sampled.
 
-  python examples/gpt.py [--steps 400] [--context 64] [--width 96] [--layers 2] [--heads 4] [--tokens 200]
+  python examples/gpt.py [--steps 400] [--context 64] [--width 96] [--layers 2] [--heads 4] [--tokens 200] [--dtype float32]
 
 Pre-norm transformer blocks: causal multi-head self-attention and a GELU MLP, token + learned position embeddings. Sampling
 decodes one token a step into per-layer key-value caches, its position a bound Variable, so its kernels compile once.
+`--dtype bfloat16` (or float16, with a GradScaler) trains in mixed precision: the forward under `tinyc.autocast`, float32 weights.
 """
 from __future__ import annotations
 import argparse, importlib, inspect, itertools, time, warnings
 from typing import Iterator
 import numpy as np
-from tinyc import Tensor, Device, Variable, dtypes, nn
+from tinyc import Tensor, Device, Variable, autocast, dtypes, nn
+from tinyc.amp import GradScaler
+from tinyc.dtype import DType
 from tinyc.jit import TinyJit
 from tinyc.nn.optim import AdamW
 from tinyc.nn.state import get_parameters
@@ -100,19 +103,22 @@ def sample(model: GPT, prompt: np.ndarray, length: int, rng: np.random.Generator
   return list(itertools.islice(generate(model, prompt, rng, temperature, cached), length))
 
 def train(text: str, steps: int, context: int, width: int, layers: int, heads: int, batch: int = 16, seed: int = 0,
-          log_every: int = 50) -> tuple[GPT, list[str], list[float]]:
-  """Train on `text`; returns the model, its vocabulary and the loss of every step."""
+          log_every: int = 50, dtype: DType = dtypes.float32) -> tuple[GPT, list[str], list[float]]:
+  """Train on `text`; returns the model, its vocabulary and the loss of every step. With a 16-bit `dtype` the forward runs under
+  autocast (matmuls in 16 bits, softmax, layernorm and the loss in float32) and the weights stay float32; float16 scales the loss."""
   Tensor.manual_seed(seed)
   vocab = sorted(set(text))
   data = np.array([vocab.index(c) for c in text], dtype=np.int32)
   model = GPT(len(vocab), context, width, layers, heads)
   optimizer = AdamW(get_parameters(model), lr=3e-3, weight_decay=0.01)
+  scaler = GradScaler(enabled=dtype == dtypes.float16)  # bfloat16 has float32's range: its gradients need no scaling
   @TinyJit
   def step(x: Tensor, y: Tensor) -> Tensor:
     optimizer.zero_grad()
-    loss = model(x).sparse_categorical_crossentropy(y)
-    loss.backward()
-    optimizer.step()
+    with autocast(dtype, enabled=dtype != dtypes.float32): loss = model(x).sparse_categorical_crossentropy(y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
     return loss
   rng, losses = np.random.default_rng(seed), []
   for number in range(steps):
@@ -131,12 +137,13 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--layers", type=int, default=2)
   parser.add_argument("--heads", type=int, default=4)
   parser.add_argument("--tokens", type=int, default=200, help="tokens to sample after training")
+  parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="what the forward computes in")
   args = parser.parse_args(argv)
   started = time.perf_counter()
   text = stdlib_docstrings()
-  print(f"training on {Device.DEFAULT}: {len(text)} characters of standard-library docstrings, {len(set(text))} distinct")
+  print(f"training on {Device.DEFAULT} in {args.dtype}: {len(text)} characters of standard-library docstrings, {len(set(text))} distinct")
   training_started = time.perf_counter()
-  model, vocab, losses = train(text, args.steps, args.context, args.width, args.layers, args.heads)
+  model, vocab, losses = train(text, args.steps, args.context, args.width, args.layers, args.heads, dtype=getattr(dtypes, args.dtype))
   training_s = time.perf_counter() - training_started
   print(f"trained in {training_s:.1f} s ({args.steps} steps); loss {np.mean(losses[:20]):.3f} -> {np.mean(losses[-20:]):.3f}")
   # While the window grows, a step decodes one token into the caches at a symbolic position: one set of kernels for every position.

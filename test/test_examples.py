@@ -74,6 +74,14 @@ def test_gpt_loss_falls_and_it_samples():
   tokens = gpt.sample(model, np.array([vocab.index("T")], dtype=np.int32), 20, np.random.default_rng(0))
   assert len(tokens) == 20 and all(0 <= t < len(vocab) for t in tokens)
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_gpt_trains_in_mixed_precision(dtype, capsys):
+  import gpt
+  gpt.main(["--steps", "60", "--context", "16", "--width", "32", "--layers", "1", "--heads", "2", "--tokens", "4", "--dtype", dtype])
+  out = capsys.readouterr().out
+  first, last = map(float, out.split("loss ")[-1].split("\n")[0].split(" -> "))
+  assert f"in {dtype}" in out and last < first - 0.5, out
+
 @pytest.mark.parametrize("device", devices_to_test())
 def test_demo_names_the_language_of_the_source_it_prints(device):
   out = run_example("demo.py", DEVICE=device)

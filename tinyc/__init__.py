@@ -4,5 +4,6 @@ from tinyc.dtype import dtypes
 from tinyc.device import Device
 from tinyc.helpers import Context, DEBUG, GlobalCounters
 from tinyc.shape.symbolic import Variable
+from tinyc.amp import autocast
 
-__all__ = ["Tensor", "dtypes", "Device", "Context", "DEBUG", "GlobalCounters", "Variable"]
+__all__ = ["Tensor", "dtypes", "Device", "Context", "DEBUG", "GlobalCounters", "Variable", "autocast"]

@@ -96,6 +96,7 @@ PROFILE = ContextVar("PROFILE", "")  # 1: record a trace and print a summary at 
 PARALLEL_BUILD = ContextVar("PARALLEL_BUILD", 4)  # a schedule with this many new kernels builds them in worker processes at once; 0: never
 PACK = ContextVar("PACK", 1)  # 0: a matmul reads its operands as they are, never through a copy contiguous along the reduce (tensor_nn.py)
 WINOGRAD = ContextVar("WINOGRAD", 1)  # 0: float32 3x3 convs run directly, never by Winograd's transforms (tensor_winograd.py)
+AUTOCAST = ContextVar("AUTOCAST", "")  # float16 or bfloat16: matmuls and convs compute in it, as inside `tinyc.autocast(...)` (amp.py)
 CHECK_INDEX = ContextVar("CHECK_INDEX", 1)  # 0: index tensors are not checked for out-of-range values (index_check.py), which then read 0
 
 class ThreadRecorder(Generic[T]):

@@ -15,7 +15,7 @@ for an index out of range.
 from __future__ import annotations
 import contextlib, functools, threading
 from typing import Any, Callable, Generic, TypeVar
-from tinyc.helpers import DEBUG
+from tinyc.helpers import AUTOCAST, DEBUG
 from tinyc import profiler
 from tinyc.shape.symbolic import Node, Variable, bound_values
 from tinyc.device import Buffer, Device, Program
@@ -59,6 +59,7 @@ class TinyJit(Generic[ReturnType]):
                 if isinstance(value, Node) for var, value in bound_values(value).items()}
     signature = tuple((_unbound(t.shape), t.dtype, t.device) for t in inputs) + tuple(_static(value) for value in list(args) + list(kwargs.items())
                                                                                       if not isinstance(value, Tensor))
+    signature += (f"AUTOCAST={AUTOCAST.value}",)  # a step captured inside autocast computes in its dtypes: a call outside may not replay it
     if self.calls >= 2:
       if signature != self.signature:
         raise JitError(f"TinyJit {self.fn.__name__}: this call's inputs {signature} differ from the captured {self.signature}; "

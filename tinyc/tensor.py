@@ -6,7 +6,7 @@ import math
 from typing import Any, Callable, ClassVar, Iterable, Sequence
 import numpy as np
 from tinyc.dtype import FLOAT_SET, DType, dtypes, least_upper_dtype, least_upper_float, result_dtype_with_scalar
-from tinyc.helpers import prod
+from tinyc.helpers import AUTOCAST, Context, prod
 from tinyc.ops import BinaryOps, LoadOps
 from tinyc.shape.symbolic import Node, sym_infer
 from tinyc.device import Device
@@ -158,7 +158,7 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin, Rou
     input. Both see the inputs detached, so neither records a graph of its own ops; like every gradient here, theirs have no graph."""
     detached = [t.detach() for t in inputs]
     def lazy_backward(grad_output: LazyBuffer) -> tuple[LazyBuffer | None, ...]:
-      grads = backward(Tensor(grad_output, device=grad_output.device), *detached)
+      with Context(AUTOCAST=""): grads = backward(Tensor(grad_output, device=grad_output.device), *detached)  # the forward's dtypes
       return tuple(None if grad is None else grad.lazydata for grad in grads)
     return Tensor._apply(F.Composite, *inputs, value=forward(*detached).lazydata, backward=lazy_backward)
 
@@ -376,7 +376,9 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin, Rou
   def __rxor__(self, other: Any) -> Tensor: return self._bitwise(other, BinaryOps.XOR, True)
 
   # ---- unary math ----
-  def _floating(self) -> Tensor: return self.cast(least_upper_float(self.dtype))
+  def _floating(self) -> Tensor:
+    """Self in the dtype a float op computes in: ints in the default float; 16-bit floats in float32 inside autocast (amp.py)."""
+    return self.cast(dtypes.float32 if self.dtype in (dtypes.float16, dtypes.bfloat16) and AUTOCAST else least_upper_float(self.dtype))
   def neg(self) -> Tensor: return -self
   def log(self) -> Tensor: return Tensor._apply(F.Log, self._floating())
   def log2(self) -> Tensor: return self.log() / math.log(2)

@@ -1,13 +1,13 @@
 """Layer 6: Tensor ops for neural networks (a mixin of Tensor): matmul, convolution, pooling, activations. All are
-compositions of primitive ops, so they fuse and differentiate for free; conv2d gives its own backward. Imports helpers, dtype,
-device.
+compositions of primitive ops, so they fuse and differentiate for free; conv2d gives its own backward. Inside `tinyc.autocast`
+(amp.py) matmul, linear, conv and attention cast their float inputs to its 16-bit dtype. Imports helpers, dtype, device.
 """
 from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 from tinyc.device import Device
-from tinyc.dtype import DType, dtypes, least_upper_dtype
-from tinyc.helpers import ALLOW_TF32, PACK, flatten
+from tinyc.dtype import BY_NAME, DType, dtypes, least_upper_dtype
+from tinyc.helpers import ALLOW_TF32, AUTOCAST, PACK, Context, all_int, argsort, flatten
 from tinyc.tensor_winograd import winograd_applies, winograd_conv2d, winograd_weight_grad
 
 def _pair(value: int | Sequence[int], count: int = 2) -> tuple[int, ...]:
@@ -50,6 +50,23 @@ def _packed(x: Any, w: Any) -> tuple[Any, Any]:
   if x.lazydata.st.real_strides()[-1] == 1 or w.lazydata.st.real_strides()[-2] == 1: return x, w
   return (_along_reduce(x, -1, 0), w) if x.numel() < w.numel() else (x, _along_reduce(w, -2, 0))
 
+def autocast_dtype() -> DType | None:
+  """The 16-bit dtype matmuls and convs compute in inside `tinyc.autocast` (or with AUTOCAST set), None outside."""
+  if not (name := AUTOCAST.value): return None
+  if name not in ("float16", "bfloat16"): raise ValueError(f"AUTOCAST={name!r}: autocast computes in float16 or bfloat16 (or unset it)")
+  return BY_NAME[name]
+
+def _autocast(x: Any, dtype: DType, copy: bool = True) -> Any:
+  """An input of an autocast matmul, conv or attention: a float32 (or other 16-bit) x cast to `dtype`; float64 and ints stay, as in
+  torch. With `copy`, the cast is a kernel of its own (as torch's autocast casts a weight), keeping x's memory order (a weight's
+  transposed view becomes a view of an (out, in) copy): the matmul then loads 16-bit buffers, the form the tensor cores take
+  (`Kernel.tensor_core_operands`), where a cast fused into it would load float32."""
+  if x.dtype in (dtype, dtypes.float64) or not dtypes.is_float(x.dtype): return x
+  if not copy: return x.cast(dtype)
+  strides = x.lazydata.st.real_strides()
+  order = argsort([-stride for stride in strides]) if all_int(strides) else list(range(x.ndim))
+  return x.permute(order).cast(dtype).contiguous().permute(argsort(order))
+
 class NNMixin:
   # provided by Tensor
   @property
@@ -72,6 +89,7 @@ class NNMixin:
     x_batch, w_batch = (1,) * (batch - x.ndim + 2) + x.shape[:-2], (1,) * (batch - w.ndim + 2) + w.shape[:-2]
     if any(a != b and 1 not in (a, b) for a, b in zip(x_batch, w_batch)):
       raise RuntimeError(f"matmul: the batch dims of {self.shape} and {w_shape} do not broadcast")
+    if (low := autocast_dtype()) is not None: x, w = _autocast(x, low), _autocast(w, low)
     dtype = least_upper_dtype(x.dtype, w.dtype)
     x, w = x.cast(_exact_products(dtype)), w.cast(_exact_products(dtype))
     x, w = _packed(x, w)
@@ -86,6 +104,7 @@ class NNMixin:
   def linear(self, weight: Any, bias: Any | None = None) -> Any:
     """x @ weight (+ bias); weight is (in, out) as in tinygrad, or 1-D for a per-feature scale."""
     out = self * weight if weight.ndim == 1 else self.dot(weight)
+    if bias is not None and weight.ndim > 1 and (low := autocast_dtype()) is not None: bias = _autocast(bias, low, copy=False)  # as torch
     return out + bias if bias is not None else out
   def sequential(self, layers: Sequence[Callable[[Any], Any]]) -> Any:
     out: Any = self
@@ -95,6 +114,8 @@ class NNMixin:
   def conv2d(self: Any, weight: Any, bias: Any | None = None, groups: int = 1, stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
              padding: int | Sequence[int] = 0) -> Any:
     """Cross-correlation like torch.nn.functional.conv2d (any number of spatial dims), built from pooling views, with its own backward."""
+    if (low := autocast_dtype()) is not None:  # (no copies: the 16-bit conv copies its operands channels-last, the casts fused in)
+      self, weight, bias = [t if t is None else _autocast(t, low, copy=False) for t in (self, weight, bias)]
     (batch, cin_total), (cout, cin), kernel = self.shape[:2], weight.shape[:2], weight.shape[2:]
     if self.ndim != weight.ndim or groups * cin != cin_total or cout % groups:
       raise RuntimeError(f"conv2d: input {self.shape} has {cin_total} channels, but weight {weight.shape} with groups={groups} expects "
@@ -199,6 +220,10 @@ class NNMixin:
     """softmax(q @ k^T / sqrt(d) + mask) @ v, like torch.nn.functional.scaled_dot_product_attention (bool masks keep True)."""
     if min(self.ndim, key.ndim, value.ndim) < 2:
       raise RuntimeError(f"Expected query, key, and value to all be at least 2 dimensional, got {self.shape}, {key.shape} and {value.shape}")
+    if (low := autocast_dtype()) is not None:  # as torch: q, k, v (and a float mask) in 16 bits, then the attention of 16-bit inputs
+      mask = attn_mask if attn_mask is None else _autocast(attn_mask, low, copy=False)
+      with Context(AUTOCAST=""):
+        return _autocast(self, low).scaled_dot_product_attention(_autocast(key, low), _autocast(value, low), mask, dropout_p, is_causal)
     if is_causal:
       if attn_mask is not None: raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal, not both")
       attn_mask = type(self).ones(self.shape[-2], key.shape[-2], dtype=dtypes.bool, device=self.device).tril()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 from tinyc.dtype import dtypes
-from tinyc.helpers import argfix, prod
+from tinyc.helpers import AUTOCAST, argfix, prod
 from tinyc import function as F
 from tinyc.tensor_movement import normalize_axis
 
@@ -26,11 +26,13 @@ class ReduceMixin:
     empty = next((a for a in argfix(axis) if self.shape[normalize_axis(a, self.ndim)] == 0), None)
     if empty is not None: raise IndexError(f"{name}(): Expected reduction dim {empty} to have non-zero size.")
   def sum(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:
-    """Sum over axis; bools and ints below 32 bits (unsigned too) sum in int32 where torch uses int64, float16 in float32 (stored back
-    as float16)."""
+    """Sum over axis; bools and ints below 32 bits (unsigned too) sum in int32 where torch uses int64, 16-bit floats in float32 (stored
+    back as 16 bits, except inside autocast)."""
     source = self
     if self.dtype == dtypes.bool or (dtypes.is_int(self.dtype) and self.dtype.itemsize < 4): source = self.cast(dtypes.default_int)
-    elif self.dtype in (dtypes.float16, dtypes.bfloat16): return self.float().sum(axis, keepdim).cast(self.dtype)
+    elif self.dtype in (dtypes.float16, dtypes.bfloat16):
+      total = self.float().sum(axis, keepdim)
+      return total if AUTOCAST else total.cast(self.dtype)
     return source._reduce(F.Sum, axis, keepdim)
   def max(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:
     self._check_extreme("max", axis)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from tinyc.tensor import Tensor
 from tinyc.dtype import dtypes
+from tinyc.helpers import Context
 
 def _pair(value: int | tuple[int, ...]) -> tuple[int, ...]: return (value, value) if isinstance(value, int) else tuple(value)
 def _uniform(*shape: int, fan_in: int) -> Tensor:
@@ -111,6 +112,6 @@ class Embedding:
   def __call__(self, idx: Tensor) -> Tensor:
     idx._check_range(0, self.vocab_size, f"Embedding: index out of range in self (id {{value}}, with {self.vocab_size} embeddings)")
     one_hot = idx.unsqueeze(-1) == Tensor.arange(self.vocab_size, device=idx.device)
-    return one_hot.cast(self.weight.dtype) @ self.weight
+    with Context(AUTOCAST=""): return one_hot.cast(self.weight.dtype) @ self.weight  # a lookup, which torch's autocast leaves alone
 
 __all__ = ["Linear", "Conv2d", "ConvTranspose2d", "BatchNorm2d", "LayerNorm", "GroupNorm", "InstanceNorm", "Embedding"]

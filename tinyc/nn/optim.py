@@ -2,6 +2,7 @@
 
 Every update is an in-place `assign` into memory the optimizer or the parameter already owns, realized inside `step()`: so a
 TinyJit capture of a training step replays the updates, and the learning rate, kept as a realized Tensor, can change between replays.
+A step given `skip` (a bool Tensor: amp.GradScaler's found-inf flag) writes where(skip, old, new) into each, so the device decides.
 """
 from __future__ import annotations
 from typing import Iterable
@@ -12,6 +13,10 @@ def _owned(tensor: Tensor) -> Tensor:
   """The tensor made a realized base in place: `assign` writes into a tensor's memory only when it has its own."""
   if tensor.lazydata.base is not tensor.lazydata or tensor.lazydata.realized is None: tensor.lazydata = tensor.detach().contiguous().lazydata
   return tensor
+
+def _assign(target: Tensor, value: Tensor, skip: Tensor | None) -> None:
+  """target.assign(value), or where skip is True (a bool Tensor), target's old value."""
+  target.assign(value if skip is None else skip.to(target.device).where(target.detach(), value))
 
 class Optimizer:
   """The parameters to train (those with requires_grad not False), the learning rate, and the protocol: `_update` assigns new
@@ -37,17 +42,19 @@ class Optimizer:
     """Forget every parameter's gradient."""
     for param in self.params: param.grad = None
 
-  def step(self) -> None:
-    """Update every parameter that has a gradient (those without one are skipped, as in torch) and its state, in place."""
+  def step(self, skip: Tensor | None = None) -> None:
+    """Update every parameter that has a gradient (those without one are skipped, as in torch) and its state, in place; or, where
+    `skip` (a bool Tensor, amp.GradScaler's found-inf flag) is True, leave all as it was, decided on the device without a sync."""
     updated = [i for i, p in enumerate(self.params) if p.grad is not None]
     for param in (self.params[i] for i in updated):
       if param.grad is not None and param.grad.shape != param.shape:
         raise ValueError(f"a gradient of shape {param.grad.shape} for a parameter of shape {param.shape}: .grad must have the parameter's shape")
-    Tensor.corealize(self._update(updated) + [self.params[i] for i in updated] + [self._lr])
+    skipped = [] if skip is None else [skip]  # realized with the step: what reads it later (GradScaler.update) reads memory
+    Tensor.corealize(self._update(updated, skip) + [self.params[i] for i in updated] + [self._lr] + skipped)
 
   def _lr_on(self, device: str) -> Tensor: return self._lr.to(device).reshape(())
-  def _update(self, indices: list[int]) -> list[Tensor]:
-    """Assign the new values of the parameters at these indices (each has a grad); return the state tensors assigned."""
+  def _update(self, indices: list[int], skip: Tensor | None = None) -> list[Tensor]:
+    """Assign (`_assign`) the new values of the parameters at these indices (each has a grad); return the state tensors assigned."""
     raise NotImplementedError
 
 class SGD(Optimizer):
@@ -61,7 +68,7 @@ class SGD(Optimizer):
     self.buffers = [_owned(Tensor.zeros(*p.shape, device=p.device, dtype=p.dtype)) for p in self.params] if momentum else []
     Tensor.corealize(self.buffers)
 
-  def _update(self, indices: list[int]) -> list[Tensor]:
+  def _update(self, indices: list[int], skip: Tensor | None = None) -> list[Tensor]:
     touched = []
     for index in indices:
       param = self.params[index]
@@ -70,10 +77,10 @@ class SGD(Optimizer):
       if self.weight_decay: grad = grad + self.weight_decay * param.detach()
       if self.momentum:
         buffer = self.buffers[index]
-        buffer.assign(self.momentum * buffer + grad)
+        _assign(buffer, self.momentum * buffer + grad, skip)
         grad = grad + self.momentum * buffer if self.nesterov else buffer
         touched.append(buffer)
-      param.assign(param.detach() - self._lr_on(param.device) * grad)
+      _assign(param, param.detach() - self._lr_on(param.device) * grad, skip)
     return touched
 
 class LAMB(Optimizer):
@@ -93,7 +100,7 @@ class LAMB(Optimizer):
     self._decay, self._increment = Tensor([1.0, b1, b2], device=self.lr.device), Tensor([1.0, 1.0 - b1, 1.0 - b2], device=self.lr.device)
     Tensor.corealize(self.m + self.v + self.t)
 
-  def _update(self, indices: list[int]) -> list[Tensor]:
+  def _update(self, indices: list[int], skip: Tensor | None = None) -> list[Tensor]:
     touched = []
     for index in indices:
       param = self.params[index]
@@ -101,15 +108,15 @@ class LAMB(Optimizer):
       m, v, t = self.m[index], self.v[index], self.t[index]
       grad, weight = param.grad.detach(), param.detach()
       if self.weight_decay and not self.decoupled: grad = grad + self.weight_decay * weight
-      t.assign(t * self._decay.to(t.device) + self._increment.to(t.device))
-      m.assign(m + (grad - m) * (1.0 - self.b1))  # torch's lerp
-      v.assign(v * self.b2 + grad * grad * (1.0 - self.b2))
+      _assign(t, t * self._decay.to(t.device) + self._increment.to(t.device), skip)
+      _assign(m, m + (grad - m) * (1.0 - self.b1), skip)  # torch's lerp
+      _assign(v, v * self.b2 + grad * grad * (1.0 - self.b2), skip)
       update = (m / t[1]) / (v.sqrt() / t[2].sqrt() + self.eps)  # t[1], t[2]: the bias corrections, in float32 for half params too
       if self.weight_decay and self.decoupled: update = update + self.weight_decay * weight
       if not self.adam:
         weight_norm, update_norm = weight.square().sum().sqrt(), update.square().sum().sqrt()
         update = update * (weight_norm > 0).where((update_norm > 0).where(weight_norm / update_norm, 1.0), 1.0)
-      param.assign(weight - self._lr_on(param.device) * update)
+      _assign(param, weight - self._lr_on(param.device) * update, skip)
       touched += [m, v, t]
     return touched
 
