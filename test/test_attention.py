@@ -95,3 +95,11 @@ def test_logsumexp_matches_torch():
   np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=1e-5, atol=1e-7)
   assert Tensor(np.zeros((3, 0), np.float32)).logsumexp(1).tolist() == [-np.inf] * 3
   assert Tensor(x).logsumexp(0, keepdim=True).shape == (1, 7) and Tensor(x).half().logsumexp().dtype == dtypes.half
+
+def test_backward_at_a_long_context_stores_no_scores():
+  """A CPU matmul packs an operand it walks with a stride over 2 KB (tensor_nn._along_reduce): attention's backward must not, as
+  a copy of the probabilities along the queries would store the matrix of scores. Scheduled only."""
+  q, k, v = (Tensor.empty(1, 2, 1024, 16, requires_grad=True) for _ in range(3))
+  out = q.scaled_dot_product_attention(k, v)
+  out.sum().backward()
+  assert all(base.shape.count(1024) < 2 for item in items_of(out, q.grad, k.grad, v.grad) for base in item.outs)

@@ -84,7 +84,8 @@ class LazyBuffer:
     too few for the GPU's matmul tiles, with a long reduce (a weight gradient over 4096 tokens into 512 x 512, a conv's over the
     batch and the image), in as few parts of the longest reduced dim as make SPLIT_K_OUTPUTS outputs, each of SPLIT_K_MIN products
     or more (so the staged and tensor-core plans still apply)."""
-    if op is not ReduceOps.SUM or self._base is not None or self.op is not BinaryOps.MUL or not Device[self.device].target.has_local:
+    if op is not ReduceOps.SUM or self._base is not None or self.op is not BinaryOps.MUL or not Device[self.device].target.has_local \
+       or any(_reads_a_product(src) for src in self.srcs):  # attention's probabilities: the parts' view of them is no nesting (rule 10)
       return None
     per_output = prod(self.shape[a] for a in axis)
     if per_output < 2 * SPLIT_K_MIN or not SPLIT_K_MIN_OUTPUTS <= (outputs := prod(self.shape) // per_output) < SPLIT_K_OUTPUTS: return None
@@ -141,3 +142,17 @@ def _reduce_split(shape: tuple[int, ...], axis: tuple[int, ...]) -> tuple[int, i
   dim = max(axis, key=lambda a: shape[a])
   parts = next((d for d in range(min(MAX_SPLIT_PARTS, math.isqrt(shape[dim])), 15, -1) if shape[dim] % d == 0), None)
   return None if parts is None else (dim, parts)
+
+def _reads_a_product(buf: LazyBuffer, limit: int = 32) -> bool:
+  """Whether a value's elementwise ops (up to `limit` of them) read a matmul's result that is not realized (attention's scores): a sum
+  of products of operands that are all read through an expand."""
+  stack, seen = [buf.base], 0
+  while stack and seen < limit:
+    node, seen = stack.pop(), seen + 1
+    if node.realized is not None or node.op is None or isinstance(node.op, LoadOps): continue
+    if isinstance(node.op, ReduceOps):
+      product = node.srcs[0].base
+      if product.op is BinaryOps.MUL and all(any(st == 0 and size > 1 for view in src.st.views for st, size in zip(view.strides, view.shape))
+                                             for src in product.srcs): return True
+    else: stack.extend(src.base for src in node.srcs)
+  return False

@@ -243,7 +243,8 @@ class NNMixin:
       probs = (logits - logits.logsumexp(-1, keepdim=True)).exp()
       delta = (grad * out.detach()).sum(-1, keepdim=True)
       dscores = probs * (grad @ v.transpose(-2, -1) - delta)
-      grads = [(dscores @ k) * scale, (dscores.transpose(-2, -1) @ q) * scale, probs.transpose(-2, -1) @ grad]
+      with Context(PACK=0):  # a copy of probs or dscores along the queries (a CPU matmul's packing) would store the T x T matrix
+        grads = [(dscores @ k) * scale, (dscores.transpose(-2, -1) @ q) * scale, probs.transpose(-2, -1) @ grad]
       return [g._sum_to(t.shape) for g, t in zip(grads, (q, k, v))] + [dscores._sum_to(m.shape) if m.dtype != dtypes.bool else None for m in mask]
     return type(self)._composite(lambda *inputs: out, backward, self, key, value, *masks)
   def _sum_to(self: Any, shape: tuple[int, ...]) -> Any:
