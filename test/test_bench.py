@@ -27,7 +27,7 @@ def test_torch_gpt_computes_what_examples_gpt_computes():
 def test_gpt_rows_run_and_a_failing_torch_compile_is_reported(monkeypatch, capsys):
   def no_compiler(*args, **kwargs): raise RuntimeError("no C++ compiler here\nmore detail")
   monkeypatch.setattr(torch, "compile", no_compiler)  # also keeps this test from spending seconds in inductor
-  monkeypatch.setattr(bench_train, "GPT_CPU", TINY_GPT)
+  for size in ("GPT_CPU", "GPT_GPU"): monkeypatch.setattr(bench_train, size, TINY_GPT)
   monkeypatch.setattr(sys, "argv", ["bench_train.py", "--only", "gpt", "--steps", "2"])
   bench_train.main()
   out = capsys.readouterr().out
@@ -42,7 +42,7 @@ def test_gpt_rows_run_and_a_failing_torch_compile_is_reported(monkeypatch, capsy
   assert float(rows["torch eager bf16 autocast"][0]) > 0, out
 
 def test_sdpa_rows_run_and_count_the_forwards_bytes(monkeypatch, capsys):
-  monkeypatch.setattr(bench_train, "SDPA_CPU", TINY_SDPA)
+  for size in ("SDPA_CPU", "SDPA_GPU"): monkeypatch.setattr(bench_train, size, TINY_SDPA)
   monkeypatch.setattr(sys, "argv", ["bench_train.py", "--only", "sdpa", "--steps", "2"])
   bench_train.main()
   out = capsys.readouterr().out

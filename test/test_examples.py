@@ -92,7 +92,8 @@ def test_demo_names_the_language_of_the_source_it_prints(device):
 
 def test_demo_counts_the_kernels_of_the_computation_under_beam(tmp_path):
   out = run_example("demo.py", BEAM="2", BEAM_MAX_STEPS="1", CACHEDB=str(tmp_path / "beam.db"), DEVICE="LLVM")
-  assert "3 kernels planned" in out and "ran 3 kernels" in out, out
+  # the first matmul (32 products an output) is computed in the second's loop (schedule rule 10), then the softmax
+  assert "2 kernels planned" in out and "ran 2 kernels" in out, out
 
 def test_gpt_reports_where_its_time_went(capsys):
   import gpt

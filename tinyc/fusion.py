@@ -113,7 +113,7 @@ def _fuse_reduce(base: LazyBuffer, site: Site, consumers: int, storing: bool) ->
     if (why := why_not_nested(base, site)) is None:
       return Decision(Fusion.NESTED_REDUCE, "rule 3: a row reduce read by another reduce over its rows, computed in that reduce's loop once "
                                             "per row")
-    if isinstance(nested := nesting(base, site), Nesting):
+    if isinstance(nested := nesting(base, site), Nesting) and not (nested.new and consumers > 1):  # (its other readers would store it)
       return Decision(Fusion.NESTED_REDUCE, "rule 10: a reduce of another frame read by another reduce, computed in its loops once per element"
                                             + (" with loops of its own" if nested.new else ""))
     return Decision(Fusion.REALIZE, f"rule 3: a reduce read by another reduce is stored first, as {why}; and rule 10: {nested}")
