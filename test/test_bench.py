@@ -49,7 +49,7 @@ def test_sdpa_rows_run_and_count_the_forwards_bytes(monkeypatch, capsys):
   assert "q k v 1 x 2 x 16 x 8" in out and "GPT" not in out and "MLP" not in out, out
   for name, itemsize in (("fp32", 4), ("bf16", 2)):
     row = next(line for line in out.splitlines() if line.startswith(name)).split()
-    assert row[3].endswith("x") and row[-1] == "default", row
+    assert row[3].endswith("x") and row[-1] in ("default", "flash"), row  # torch's flash backend for bf16 on CUDA
     moved, qkvo = float(row[4]), float(row[6])
     assert qkvo == pytest.approx(4 * 16 * 16 * itemsize / 1e6, abs=0.05) and moved >= qkvo, row  # at least q, k, v read, out written
 
