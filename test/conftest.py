@@ -16,7 +16,8 @@ EVERY_DEVICE = {"test_ops", "test_dtype", "test_tensor", "test_indexing", "test_
                 "test_opt_fuzz", "test_search", "test_kernel_opts", "test_stage", "test_index_checks",
                 "test_threads", "test_empty", "test_kernel_model", "test_tensor_cores", "test_warpgroups", "test_matmul_grid",
                 "test_schedule_reuse", "test_profiler",
-                "test_symbolic_shapes", "test_compile_cache", "test_winograd", "test_attention", "test_amp"}
+                "test_symbolic_shapes", "test_compile_cache", "test_winograd", "test_attention", "test_amp",
+                "test_transcendental"}
 SELECTORS = ("CUDA", "GPU", "LLVM", "DEVICE")
 
 def devices_to_test() -> list[str]:

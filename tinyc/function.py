@@ -101,17 +101,22 @@ def _in_float32(x: LazyBuffer, fn: Callable[[LazyBuffer], LazyBuffer]) -> LazyBu
   up to 0.4% at x = 7 where torch's float16 exp is correctly rounded. The casts fuse into the kernel, so this costs no memory traffic."""
   return fn(x.cast(dtypes.float32)).cast(x.dtype) if x.dtype in (dtypes.float16, dtypes.bfloat16) else fn(x)
 
+# ln and exp scale log2 and exp2 by ln(2); base 2 calls them alone, so exp2 of an integer and log2 of a power of two are exact
 class Log(Function):
-  def forward(self, x: LazyBuffer) -> LazyBuffer:
-    self.x = x
-    return _in_float32(x, lambda v: v.alu(UnaryOps.LOG2).alu(BinaryOps.MUL, v.const(math.log(2))))
-  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return grad_output.alu(BinaryOps.DIV, self.x)
+  def forward(self, x: LazyBuffer, base2: bool = False) -> LazyBuffer:
+    self.x, self.base2 = x, base2
+    return _in_float32(x, lambda v: v.alu(UnaryOps.LOG2) if base2 else v.alu(UnaryOps.LOG2).alu(BinaryOps.MUL, v.const(math.log(2))))
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:  # d log2(x) = dx / (x ln 2)
+    return grad_output.alu(BinaryOps.DIV, self.x.alu(BinaryOps.MUL, self.x.const(math.log(2))) if self.base2 else self.x)
 
 class Exp(Function):
-  def forward(self, x: LazyBuffer) -> LazyBuffer:
-    self.ret = _in_float32(x, lambda v: v.alu(BinaryOps.MUL, v.const(1 / math.log(2))).alu(UnaryOps.EXP2))
+  def forward(self, x: LazyBuffer, base2: bool = False) -> LazyBuffer:
+    self.base2 = base2
+    self.ret = _in_float32(x, lambda v: (v if base2 else v.alu(BinaryOps.MUL, v.const(1 / math.log(2)))).alu(UnaryOps.EXP2))
     return self.ret
-  def backward(self, grad_output: LazyBuffer) -> LazyBuffer: return self.ret.alu(BinaryOps.MUL, grad_output)
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    grad = self.ret.alu(BinaryOps.MUL, grad_output)
+    return grad.alu(BinaryOps.MUL, grad.const(math.log(2))) if self.base2 else grad
 
 class Sqrt(Function):
   def forward(self, x: LazyBuffer) -> LazyBuffer:

@@ -381,9 +381,9 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin, Rou
     return self.cast(dtypes.float32 if self.dtype in (dtypes.float16, dtypes.bfloat16) and AUTOCAST else least_upper_float(self.dtype))
   def neg(self) -> Tensor: return -self
   def log(self) -> Tensor: return Tensor._apply(F.Log, self._floating())
-  def log2(self) -> Tensor: return self.log() / math.log(2)
+  def log2(self) -> Tensor: return Tensor._apply(F.Log, self._floating(), base2=True)
   def exp(self) -> Tensor: return Tensor._apply(F.Exp, self._floating())
-  def exp2(self) -> Tensor: return (self._floating() * math.log(2)).exp()
+  def exp2(self) -> Tensor: return Tensor._apply(F.Exp, self._floating(), base2=True)
   def sqrt(self) -> Tensor: return Tensor._apply(F.Sqrt, self._floating())
   def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()
   def sin(self) -> Tensor: return Tensor._apply(F.Sin, self._floating())

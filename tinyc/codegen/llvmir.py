@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 import llvmlite.ir as ir
 from tinyc.dtype import DType, dtypes
 from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
@@ -34,11 +34,87 @@ def memory_type(dtype: DType) -> ir.Type:
   """The LLVM type a value of `dtype` has in a buffer."""
   return ir.IntType(8) if dtype == dtypes.bool else ir.IntType(16) if dtype == dtypes.bfloat16 else register_type(dtype)
 
-def _intrinsic(builder: ir.IRBuilder, name: str, dtype: DType, *args: ir.Value) -> ir.Value:
+def _intrinsic(builder: ir.IRBuilder, name: str, dtype: DType, *args: ir.Value, flags: tuple[str, ...] = FAST_MATH) -> ir.Value:
   ty = args[0].type  # a float, or a vector of them
   full_name = f"llvm.{name}.{f'v{ty.count}' if isinstance(ty, ir.VectorType) else ''}f{_float_bits(dtype)}"
   fn = builder.module.globals.get(full_name) or ir.Function(builder.module, ir.FunctionType(ty, [ty] * len(args)), name=full_name)
-  return builder.call(fn, list(args), fastmath=FAST_MATH)
+  return builder.call(fn, list(args), fastmath=flags)
+
+class FloatFormat(NamedTuple):
+  """What exp2 and log2 need of a float type: its fields, and near-minimax polynomials (mpmath.chebyfit) for each."""
+  mantissa_bits: int
+  bias: int
+  exp2_poly: tuple[float, ...]  # q(f), 2^f = 1 + f*q(f) on [-1/2, 1/2]: off by 7.8e-9 (float32), 1.3e-17 (float64), < 1/10 ulp
+  log2_poly: tuple[float, ...] | None  # p(t), log2(1+t) = t*log2(e) + t*t*p(t) on [sqrt(1/2)-1, sqrt(2)-1]: 1.3e-8 relative
+  log2e: tuple[float, float]  # log2(e) as this float type holds it, and what it leaves out
+
+# float64 log2 stays libm's: as accurate, it would take a polynomial of degree 20 or a division in double-double
+FLOAT_FORMATS = {
+  32: FloatFormat(23, 127, (0.6931471880262288, 0.24022650760568126, 0.05550357114219078, 0.009618082557277852, 0.0013390863364671234,
+                            0.0001545316294512069),
+                  (-0.7213474865378442, 0.4808982992822264, -0.36068503113027606, 0.28855681768676966, -0.2398717919576035, 0.20493275239316275,
+                   -0.1893905943710658, 0.18354936938116376, -0.11070724540024855), (1.4426950216293335, 1.9259629911266175e-08)),
+  64: FloatFormat(52, 1023, (0.6931471805599453, 0.24022650695910097, 0.0555041086648216, 0.009618129107606888, 0.0013333558146416936,
+                             0.0001540353044173605, 1.525273382983612e-05, 1.321544258792169e-06, 1.0178062445845774e-07, 7.072585949269223e-09,
+                             4.4549605981865186e-10), None, (0.0, 0.0))}
+
+# exp2 and log2 are computed inline rather than called (llvm.exp2 is a call to libm's exp2f per element, which LLVM vectorizes only
+# with a vector math library): ALU ops and selects over the value's type, scalar or vector, that the loop and SLP vectorizers pack.
+# Their ops carry no fast-math flags: reassociating (p * 2^a) * 2^b or x - rint(x) would break the range reduction.
+def _exp2(builder: ir.IRBuilder, dtype: DType, x: ir.Value) -> ir.Value:
+  """2^x = 2^f * 2^n with n = rint(x): exact at integers, within 1 ulp elsewhere, denormal results rounded, inf and nan kept."""
+  if (fmt := FLOAT_FORMATS.get(bits := _float_bits(dtype))) is None: return _intrinsic(builder, "exp2", dtype, x)
+  const, int_const, int_type = _constants(x.type, bits)
+  lowest, highest = -(fmt.bias + fmt.mantissa_bits + 1), fmt.bias + 1  # 2^lowest rounds to 0, 2^highest is inf
+  clamped = builder.select(builder.fcmp_unordered("<", x, const(lowest)), const(lowest), x)  # nan too: the select at the end fixes it
+  clamped = builder.select(builder.fcmp_ordered(">", clamped, const(highest)), const(highest), clamped)
+  n = _intrinsic(builder, "rint", dtype, clamped, flags=())
+  f = builder.fsub(clamped, n)  # exact
+  power_of_f = _intrinsic(builder, "fmuladd", dtype, f, _horner(builder, dtype, f, fmt.exp2_poly), const(1.0), flags=())
+  # 2^n as two factors 2^(n>>1) * 2^(n - (n>>1)), each a normal float, so a result below the normal range rounds once
+  whole = builder.fptosi(n, int_type)
+  half = builder.ashr(whole, int_const(1))
+  power_of_2 = lambda k: builder.bitcast(builder.shl(builder.add(k, int_const(fmt.bias)), int_const(fmt.mantissa_bits)), x.type)
+  result = builder.fmul(builder.fmul(power_of_f, power_of_2(half)), power_of_2(builder.sub(whole, half)))
+  return builder.select(builder.fcmp_unordered("uno", x, x), x, result)
+
+def _log2(builder: ir.IRBuilder, dtype: DType, x: ir.Value) -> ir.Value:
+  """log2(x) = e + log2(1+t), x = (1+t) * 2^e with 1+t in [sqrt(1/2), sqrt(2)), within 1 ulp: t*log2(e) and e + t*log2(e) are
+  carried as a sum of two floats, the largest errors otherwise. Exact at powers of two; log2(0) = -inf, log2(x < 0) = nan."""
+  fmt = FLOAT_FORMATS.get(bits := _float_bits(dtype))
+  if fmt is None or fmt.log2_poly is None: return _intrinsic(builder, "log2", dtype, x)
+  const, int_const, int_type = _constants(x.type, bits)
+  fma = lambda a, b, c: _intrinsic(builder, "fma", dtype, a, b, c, flags=())
+  denormal = builder.fcmp_ordered("<", x, const(2.0 ** (1 - fmt.bias)))  # scaled by 2^mantissa_bits into the normal range
+  x_bits = builder.bitcast(builder.select(denormal, builder.fmul(x, const(2.0 ** fmt.mantissa_bits)), x), int_type)
+  mantissa = builder.and_(x_bits, int_const((1 << fmt.mantissa_bits) - 1))
+  above_sqrt2 = builder.zext(builder.icmp_signed(">", mantissa, int_const(int((math.sqrt(2) - 1) * 2 ** fmt.mantissa_bits))), int_type)
+  exponent_field = builder.shl(builder.sub(int_const(fmt.bias), above_sqrt2), int_const(fmt.mantissa_bits))  # 2^0, or 2^-1 above sqrt(2)
+  one_plus_t = builder.bitcast(builder.or_(mantissa, exponent_field), x.type)
+  exponent = builder.add(builder.sub(builder.lshr(x_bits, int_const(fmt.mantissa_bits)), int_const(fmt.bias)), above_sqrt2)
+  exponent = builder.sitofp(builder.sub(exponent, builder.select(denormal, int_const(fmt.mantissa_bits), int_const(0))), x.type)
+  t = builder.fsub(one_plus_t, const(1.0))  # exact
+  product = builder.fmul(t, const(fmt.log2e[0]))
+  low = fma(t, const(fmt.log2e[1]), fma(t, const(fmt.log2e[0]), builder.fneg(product)))  # what product leaves out of t*log2(e)
+  low = fma(builder.fmul(t, t), _horner(builder, dtype, t, fmt.log2_poly), low)
+  high = builder.fadd(exponent, product)  # exponent + product = high + its error exactly, since |exponent| >= |product| or exponent = 0
+  result = builder.fadd(high, builder.fadd(builder.fadd(builder.fsub(exponent, high), product), low))
+  special = builder.select(builder.fcmp_ordered("==", x, const(0.0)), const(-math.inf),
+                           builder.select(builder.fcmp_ordered("==", x, const(math.inf)), x, const(math.nan)))
+  finite_positive = builder.and_(builder.fcmp_ordered(">", x, const(0.0)), builder.fcmp_ordered("<", x, const(math.inf)))
+  return builder.select(finite_positive, result, special)
+
+def _horner(builder: ir.IRBuilder, dtype: DType, x: ir.Value, coefficients: tuple[float, ...]) -> ir.Value:
+  """c0 + c1*x + c2*x^2 + ... with one fused multiply-add a coefficient."""
+  result: ir.Value = ir.Constant(x.type, coefficients[-1])
+  for coefficient in reversed(coefficients[:-1]):
+    result = _intrinsic(builder, "fmuladd", dtype, result, x, ir.Constant(x.type, coefficient), flags=())
+  return result
+
+def _constants(float_type: ir.Type, bits: int) -> tuple[Callable[[float], ir.Constant], Callable[[int], ir.Constant], ir.Type]:
+  """Makers of float and integer constants in every lane of float_type, and the integer type of as many lanes and bits."""
+  int_type = ir.VectorType(ir.IntType(bits), float_type.count) if isinstance(float_type, ir.VectorType) else ir.IntType(bits)
+  return (lambda value: ir.Constant(float_type, value)), (lambda value: ir.Constant(int_type, value)), int_type
 
 def _int_divmod(builder: ir.IRBuilder, dtype: DType, a: ir.Value, b: ir.Value, div: bool) -> ir.Value:
   """Truncating a / b or a % b with x / 0 == x % 0 == 0 (uops.py says why). The hardware divides by 1 instead of 0 (and, signed,
@@ -73,7 +149,7 @@ def _float_or_int(float_fn: str, int_fn: str) -> Callable[..., ir.Value]:
 ALU_RENDERERS: dict[Op, Callable[..., ir.Value]] = {
   UnaryOps.NEG: lambda b, dt, x: b.fneg(x, flags=FAST_MATH) if dtypes.is_float(dt) else (b.xor(x, ir.Constant(x.type, 1)) if dt == dtypes.bool
                                                                                          else b.neg(x)),
-  UnaryOps.EXP2: lambda b, dt, x: _intrinsic(b, "exp2", dt, x), UnaryOps.LOG2: lambda b, dt, x: _intrinsic(b, "log2", dt, x),
+  UnaryOps.EXP2: lambda b, dt, x: _exp2(b, dt, x), UnaryOps.LOG2: lambda b, dt, x: _log2(b, dt, x),
   UnaryOps.SIN: lambda b, dt, x: _intrinsic(b, "sin", dt, x), UnaryOps.SQRT: lambda b, dt, x: _intrinsic(b, "sqrt", dt, x),
   UnaryOps.RECIP: lambda b, dt, x: b.fdiv(ir.Constant(x.type, 1.0), x, flags=FAST_MATH),
   BinaryOps.ADD: _float_or_int("fadd", "add"), BinaryOps.SUB: _float_or_int("fsub", "sub"), BinaryOps.MUL: _float_or_int("fmul", "mul"),
