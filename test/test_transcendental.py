@@ -4,7 +4,7 @@ OpenCL and CUDA call their exp2/log2 (OpenCL allows 3 ulp; PoCL's were within 1)
 from __future__ import annotations
 import numpy as np
 import pytest
-from tinyc import Tensor, dtypes
+from tinyc import Tensor, Device, dtypes
 from tinyc.ops import UnaryOps
 
 # every 4099th float32 bit pattern (about a million: every exponent, both signs, denormals, inf and nan), the edges, and a grid
@@ -53,7 +53,9 @@ def test_exact_powers_of_two(tinyc_device: str) -> None:
   and x * ln(2) / ln(2) is not always x: exp2(127) and log2(2^-126) were off by an ulp)."""
   n = np.arange(-149, 128).astype(np.float32)
   powers = np.exp2(n.astype(np.float64)).astype(np.float32)
-  for got in (primitive(UnaryOps.EXP2, n), Tensor(n).exp2().numpy()): np.testing.assert_array_equal(got, powers)
+  # CUDA's and OpenCL's exp2 are exact for normal results only (H200: 2^-127, a denormal, came out an ulp of the denormals low)
+  results = n >= (-149 if Device.DEFAULT == "LLVM" else -126)
+  for got in (primitive(UnaryOps.EXP2, n), Tensor(n).exp2().numpy()): np.testing.assert_array_equal(got[results], powers[results])
   for got in (primitive(UnaryOps.LOG2, powers), Tensor(powers).log2().numpy()): np.testing.assert_array_equal(got, n)
 
 def test_float64_within_1_ulp() -> None:
@@ -71,12 +73,13 @@ def test_float64_within_1_ulp() -> None:
   assert error.max() <= 1.0, f"log2 float64: {error.max():.2f} ulp"
 
 def test_exp_and_sigmoid(tinyc_device: str) -> None:
-  """exp(x) = exp2(x * log2(e)): rounding the product moves the result by up to |x| * 2^-24 relative, so the bound grows with |x|
-  (about 1 ulp per unit of |x|; torch's exp is within 1 ulp throughout)."""
+  """exp(x) = exp2(x * log2(e)): the device's exp2 (within 2 ulp on every device, test_primitive_within_2_ulp), and rounding the
+  product moves the result by up to |x| * 2^-24 relative, so the bound grows with |x| (about 1 ulp per unit of |x|; torch's exp is
+  within 1 ulp throughout). On the H200 CUDA's exp2 made exp(-0.054) 1.68 ulp off."""
   x = np.linspace(-87, 88, 1 << 18, dtype=np.float32)
   exact = np.exp(x.astype(np.float64))
-  assert_within(Tensor(x).exp().numpy(), exact, 1.5 * (1 + np.abs(x)), x, "exp")
-  assert_within(Tensor(x).sigmoid().numpy(), 1 / (1 + 1 / exact), 2 * (1 + np.abs(x)), x, "sigmoid")
+  assert_within(Tensor(x).exp().numpy(), exact, 2 + 1.5 * np.abs(x), x, "exp")
+  assert_within(Tensor(x).sigmoid().numpy(), 1 / (1 + 1 / exact), 2.5 + 2 * np.abs(x), x, "sigmoid")
 
 def test_log(tinyc_device: str) -> None:
   x = SWEEP[np.isfinite(SWEEP) & (SWEEP > 0)]
