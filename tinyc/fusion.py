@@ -30,6 +30,7 @@ class Decision(NamedTuple):
   fusion: Fusion
   reason: str                      # a sentence naming the rule
   store: ShapeTracker | None = None  # also store it through this view, as one more output of the kernel (rule 8)
+  nesting: Nesting | None = None     # how a reduce of another frame runs in the kernel's loops (rule 10)
 
 class Frame(NamedTuple):
   """The loops of a reduce: its input's shape and the axes it reduces."""
@@ -51,6 +52,7 @@ class Nesting(NamedTuple):
   (None for a dim of size 1), and the reduced dims that become loops of their own (new axes, appended to the kernel's)."""
   axes: tuple[int | None, ...]
   new: tuple[int, ...]
+  varying: frozenset[int]  # the kernel axes its result varies along
 
 def decide(base: LazyBuffer, site: Site, consumers: int, realize: bool, stored: bool) -> Decision:
   """What the kernel at `site` does with `base`: `consumers` bases read it, `realize` says the graph-level rules (3, 5) store it,
@@ -82,7 +84,7 @@ def decide(base: LazyBuffer, site: Site, consumers: int, realize: bool, stored: 
 
 def _also_store(base: LazyBuffer, site: Site, consumers: int, stored: bool) -> Decision:
   """Rule 8: a value that must be stored is computed and stored by the first kernel that reads it at the index it is stored at."""
-  if site.enclosing is not None and not stored and isinstance(base.op, ReduceOps) and why_not_nested(base, site) is None:
+  if site.enclosing is not None and not stored and isinstance(base.op, ReduceOps) and _why_not_nested(base, site) is None:
     return Decision(Fusion.NESTED_REDUCE, "rule 3: it must be stored, but a row reduce read inside another reduce over its rows is computed "
                                           "in that reduce's loop (the kernel that reads it outside the reduce stores it)")
   if stored: return Decision(Fusion.LOAD, "another kernel stores it")
@@ -110,12 +112,12 @@ def _fuse_reduce(base: LazyBuffer, site: Site, consumers: int, storing: bool) ->
   """How a kernel computes a reduce it reaches (`storing`: it also stores it, so other kernels reading it does not matter)."""
   frame = Frame(base.srcs[0].shape, base.arg)
   if site.enclosing is not None:
-    if (why := why_not_nested(base, site)) is None:
+    if (why := _why_not_nested(base, site)) is None:
       return Decision(Fusion.NESTED_REDUCE, "rule 3: a row reduce read by another reduce over its rows, computed in that reduce's loop once "
                                             "per row")
     if isinstance(nested := nesting(base, site), Nesting) and not (nested.new and consumers > 1):  # (its other readers would store it)
       return Decision(Fusion.NESTED_REDUCE, "rule 10: a reduce of another frame read by another reduce, computed in its loops once per element"
-                                            + (" with loops of its own" if nested.new else ""))
+                                            + (" with loops of its own" if nested.new else ""), nesting=nested)
     return Decision(Fusion.REALIZE, f"rule 3: a reduce read by another reduce is stored first, as {why}; and rule 10: {nested}")
   if _is_row_read(base, site):
     return Decision(Fusion.ROW_REDUCE, "rule 7: a reduce read back along the axes it reduced, by a kernel that stores its input's shape: "
@@ -136,7 +138,7 @@ def _fuse_reduce(base: LazyBuffer, site: Site, consumers: int, storing: bool) ->
   if site.frame == frame: return Decision(Fusion.REDUCE, "rule 3: a reduce over the same loops as the kernel's reduce joins it")
   return Decision(Fusion.REDUCE, "rule 3: the kernel's reduce, read through a plain reshape")
 
-def why_not_nested(base: LazyBuffer, site: Site) -> str | None:
+def _why_not_nested(base: LazyBuffer, site: Site) -> str | None:
   """Rule 3: a reduce inside another reduce's input is computed in its loop if it is read exactly along its rows, reduces only axes
   the outer reduce reduces, and the axes it depends on come before the others (so it runs once per trip of those loops)."""
   outer = site.enclosing
@@ -176,7 +178,7 @@ def nesting(base: LazyBuffer, site: Site) -> Nesting | str:
     return "an axis it depends on comes after one it reduces along: it would be computed once per trip of that loop"
   if (lanes := prod(size for axis, size in enumerate(shape) if size > 1 and axis not in varying and axis not in site.loops)) > NESTED_MAX:
     return f"it would be computed again for each of {lanes} output elements, over {NESTED_MAX}"
-  return Nesting(tuple(axes), new)
+  return Nesting(tuple(axes), new, frozenset(varying))
 
 def _axis_map(out_shape: tuple[int, ...], st: ShapeTracker) -> dict[int, int] | None:
   """For a view that only permutes and expands a contiguous buffer of `out_shape`: each dim of the buffer (of size over 1) -> its axis."""

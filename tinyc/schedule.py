@@ -51,7 +51,7 @@ from tinyc import profiler
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, LoadOps, MemBuffer, ReduceOps, ScheduleItem, UnaryOps, const_key
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.lazy import LazyBuffer
-from tinyc.fusion import Decision, Fusion, Frame, Nesting, Site, decide, nesting, why_not_nested
+from tinyc.fusion import Decision, Fusion, Frame, Nesting, Site, decide
 
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))  # graphs are walked recursively; a long training step is deep
 
@@ -180,8 +180,7 @@ class KernelBuilder:
     assert base.op is not None, f"{base} is realized, so it is loaded"
     if decision.store is not None: st = decision.store  # computed once per element it stores, whatever view reads it
     if base.op in (LoadOps.ASSIGN, LoadOps.CONTIGUOUS): value = self.build(base.srcs[0].base, base.srcs[0].st + st, shared, enclosing, loops)
-    elif fusion is Fusion.NESTED_REDUCE and why_not_nested(base, site) is not None and isinstance(nested := nesting(base, site), Nesting):
-      value = self._nested(base, nested, st, shared, loops)
+    elif decision.nesting is not None: value = self._nested(base, decision.nesting, shared, loops)
     elif isinstance(base.op, ReduceOps):
       around = {axis for axis in loops if axis < len(base.shape) and base.shape[axis] > 1}  # the loops it is computed in
       inner_loops = tuple(sorted(set(base.arg) | around)) if enclosing is not None else base.arg
@@ -191,7 +190,7 @@ class KernelBuilder:
     if decision.store is not None: self.also[base] = (value, decision.store)
     return value
 
-  def _nested(self, base: LazyBuffer, nested: Nesting, st: ShapeTracker, shared: bool, loops: tuple[int, ...]) -> LazyOp:
+  def _nested(self, base: LazyBuffer, nested: Nesting, shared: bool, loops: tuple[int, ...]) -> LazyOp:
     """Rule 10: a reduce of another frame in the kernel's loops, its input seen along the kernel's axes, each reduced dim along the
     loop it shares or a new axis of its own (the same ones wherever the reduce is reached)."""
     assert self.frame is not None, "a nested reduce needs the kernel's frame"
@@ -208,8 +207,7 @@ class KernelBuilder:
     squeezed = ShapeTracker.from_shape(in_shape).reshape(tuple(in_shape[dim] for dim in sorted(dims)))
     view = squeezed.permute(tuple(sorted(dims).index(dim) for dim in dims))
     reduced = tuple(sorted(cast(int, axes[dim]) for dim in base.arg))
-    varying = {axis for axis in range(len(st.shape)) if st.shape[axis] > 1 and axis not in reduced and st.real_strides()[axis] != 0}
-    inner_loops = tuple(sorted(set(reduced) | (set(loops) & varying)))
+    inner_loops = tuple(sorted(set(reduced) | (set(loops) & nested.varying)))
     value = self.build(base.srcs[0].base, base.srcs[0].st + view.reshape(tuple(full)), shared, reduced, inner_loops)
     return LazyOp(cast(ReduceOps, base.op), (value,), reduced)
 
