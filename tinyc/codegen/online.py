@@ -1,4 +1,4 @@
-"""Layer 3: softmax's reduces in one pass (online softmax). Imports dtype, ops, codegen/uops, codegen/axes; the Kernel and the
+"""Layer 3: softmax's reduces in one pass (online softmax). Imports dtype, ops, shape/, codegen/uops, codegen/axes; the Kernel and the
 Linearizer are passed in. A row max and the sums that read it as exp((y - max) c) run in one loop: a running max, and each sum rescaled by
 exp((old - new) c) whenever the max grows. Attention then computes its scores once per key instead of once for the max and again for
 each sum (scores.softmax() @ v: the max, the softmax's sum and the sum of the values), and reads each key and value once.
@@ -8,11 +8,12 @@ import functools, itertools
 from typing import TYPE_CHECKING, NamedTuple, cast
 from tinyc.dtype import dtypes
 from tinyc.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, UnaryOps
+from tinyc.shape.symbolic import NumNode
 from tinyc.codegen.uops import UOp, UOps
 from tinyc.codegen.axes import AxisKind
 if TYPE_CHECKING:
   from tinyc.codegen.kernel import Kernel
-  from tinyc.codegen.linearizer import Lanes, Linearizer, Scope
+  from tinyc.codegen.linearizer import Linearizer, Scope
 
 class OnlineGroup(NamedTuple):
   """A MAX reduce and the SUMs over the same axes whose inputs are proportional to exp2((y - max) * scale), one scale each."""
@@ -66,8 +67,8 @@ def _varies(node: LazyOp, axes: set[int]) -> bool:
 def online_groups(kernel: Kernel) -> dict[LazyOp, OnlineGroup]:
   """Each reduce that runs in one loop with others (by every member): a float MAX of values a reduce computes, whose every reader among
   the reduces is a SUM over the same axes of a value proportional to exp2((y - max) * scale), depending beyond the max only on output
-  axes. Not where a GROUP,
-  staged tiles or tensor cores split the loop among threads (their partial results would need rescaling as they meet)."""
+  axes. Not where a GROUP, staged tiles or tensor cores split the loop among threads (their partial results would need rescaling as
+  they meet)."""
   if kernel.axes(AxisKind.GROUP) or kernel.staged or kernel.axes(AxisKind.TC): return {}
   groups: dict[LazyOp, OnlineGroup] = {}
   memo: dict[LazyOp, frozenset[int]] = {}
@@ -109,15 +110,16 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, looped: lis
   accs = {reduce: lin.define_accs(reduce, len(keys[reduce])) for reduce in members}
   scope = type(outer)(dict(outer.bound), sorted(set(unrolled).union(*key_axes.values())), dict(outer.reduced))
   loops = lin.walk_loops(looped, group.peak.src[0], scope)
-  def own_lanes(reduce: LazyOp) -> Lanes:  # each reduce's lanes: its key axes' and the unrolled ones (one value each, not one per lane)
-    return lin.lanes(type(scope)(scope.bound, sorted(key_axes[reduce] + unrolled), scope.reduced))
-  def key_of(reduce: LazyOp, idxs: list) -> tuple[int, ...]: return tuple(cast(int, idxs[axis].b) for axis in key_axes[reduce])
   dtype = group.peak.dtype
-  trip_max: dict[tuple[int, ...], UOp] = {}
-  lanes = own_lanes(group.peak)
-  for idxs, value in zip(lanes.idxs, lin.parse(group.peak.src[0], lanes, scope)):
-    key = key_of(group.peak, idxs)
-    trip_max[key] = lin.alu(BinaryOps.MAX, dtype, trip_max[key], value) if key in trip_max else value
+  def this_trip(reduce: LazyOp, op: BinaryOps) -> dict[tuple[int, ...], UOp]:
+    """The reduce's input this trip, its unrolled lanes folded by `op` into one value per key (its own lanes, not every member's)."""
+    lanes = lin.lanes(type(scope)(scope.bound, sorted(key_axes[reduce] + unrolled), scope.reduced))
+    folded: dict[tuple[int, ...], UOp] = {}
+    for idxs, value in zip(lanes.idxs, lin.parse(reduce.src[0], lanes, scope)):
+      key = tuple(cast(NumNode, idxs[axis]).b for axis in key_axes[reduce])
+      folded[key] = lin.alu(op, dtype, folded[key], value) if key in folded else value
+    return folded
+  trip_max = this_trip(group.peak, BinaryOps.MAX)
   minus_inf, zero = lin.const(dtypes.min(dtype), dtype), lin.const(0.0, dtype)
   old, new, safe = {}, {}, {}
   for key, acc in zip(keys[group.peak], accs[group.peak]):
@@ -127,11 +129,7 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, looped: lis
   scope.reduced[group.peak] = (tuple(key_axes[group.peak]), safe)  # the sums' inputs read the running max
   for reduce in group.sums: lin.hoist(reduce.src[0], scope)
   for reduce, scale in zip(group.sums, group.scales):
-    added: dict[tuple[int, ...], UOp] = {}
-    lanes = own_lanes(reduce)
-    for idxs, value in zip(lanes.idxs, lin.parse(reduce.src[0], lanes, scope)):
-      key = key_of(reduce, idxs)
-      added[key] = lin.alu(BinaryOps.ADD, dtype, added[key], value) if key in added else value
+    added = this_trip(reduce, BinaryOps.ADD)
     for key, acc in zip(keys[reduce], accs[reduce]):
       peak_key = tuple(key[key_axes[reduce].index(axis)] for axis in key_axes[group.peak])
       shift = lin.alu(BinaryOps.MUL, dtype, lin.alu(BinaryOps.SUB, dtype, old[peak_key], safe[peak_key]), lin.const(scale, dtype))
