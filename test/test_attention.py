@@ -9,10 +9,11 @@ from tinyc import Tensor, GlobalCounters
 from tinyc.dtype import dtypes
 from tinyc.ops import LoadOps
 from tinyc.schedule import create_schedule
-from tinyc.codegen.kernel import Kernel
+from tinyc.codegen.heuristic import hand_coded_optimizations
+from tinyc.codegen.kernel import AxisKind, GPU_MAX_UPCAST, Kernel, KernelTarget, Opt, OptOps
 from tinyc.codegen.linearizer import Linearizer
 from tinyc.codegen.uops import UOps
-from test_kernel_model import attention as attention_kernel
+from test_kernel_model import attention as attention_kernel, run as run_kernel
 
 def arrays(*shapes, seed=0):
   rng = np.random.default_rng(seed)
@@ -48,6 +49,20 @@ def test_online_softmax_walks_the_keys_once():
   ast, _, _ = attention_kernel(rows=12, keys=20)
   uops = Linearizer(Kernel(ast)).linearize()
   assert sum(1 for uop in uops if uop.op is UOps.LOOP and uop.src[1].arg == 20) == 1
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_the_heuristic_computes_each_score_once_for_every_feature(target, tinyc_device):
+  """The attention kernel's features (which the scores do not vary along) are upcast whole; a CPU upcasts the queries by 4 (each key's
+  loads serve 4); a GPU unrolls the head dim by 8 (16-byte loads), gives the queries to 64 threads and, in a kernel with no features,
+  upcasts them by 2. Each plan still computes the kernel's values."""
+  ast, inputs, expected = attention_kernel(rows=256, keys=20, width=64, features=16)
+  device_target = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST) if target == "gpu" else KernelTarget(max_upcast=256)
+  kernel = Kernel(ast, device_target)
+  opts = hand_coded_optimizations(kernel)
+  assert Opt(OptOps.UPCAST, 1, 0) in opts and kernel.full_shape[kernel.axes(AxisKind.UPCAST)[0]] == 16
+  if target == "cpu": assert opts == [Opt(OptOps.UPCAST, 1, 0), Opt(OptOps.UPCAST, 0, 4)]
+  else: assert opts == [Opt(OptOps.UPCAST, 1, 0), Opt(OptOps.UNROLL, 1, 8), Opt(OptOps.LOCAL, 0, 64)]
+  for got, want in zip(run_kernel(ast, inputs, expected, None), expected): np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 CASES = {  # q, k, v shapes, mask kind
   "plain": ((2, 3, 17, 8), (2, 3, 23, 8), (2, 3, 23, 8), None),

@@ -42,7 +42,7 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   if NOOPT or not all_int(kernel.full_shape): return []
   inputs = [i for i, buf in enumerate(kernel.bufs) if isinstance(buf, MemBuffer) and buf.idx != 0]
   if not kernel.axes(AxisKind.REDUCE): _upcast_pieces(kernel)
-  if _nested_lanes(kernel): return kernel.applied_opts
+  if _nested_plan(kernel): return kernel.applied_opts
   if kernel.target.has_local: _gpu_optimizations(kernel, inputs)
   elif kernel.axes(AxisKind.REDUCE):
     _cpu_register_tile(kernel, inputs)
@@ -50,16 +50,43 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   else: _transpose_tile(kernel, inputs)  # (other elementwise loops are vectorized by LLVM as they are)
   return kernel.applied_opts
 
-def _nested_lanes(kernel: Kernel) -> bool:
-  """A kernel with a reduce nested in another's loop with loops of its own (schedule rule 10: attention's scores) gets the output axes
-  that reduce does not depend on (the values' features, 128 or fewer) upcast whole, so it is computed once per element: upcast 4 of
-  40 features, the scores were computed 10 times over (CPU, causal 3x5x197x40 forward and backward: 1775 ms against 68 stored).
-  Returns whether it did (the other plans were made for one reduce; where the target refuses the lanes, they apply as before)."""
-  inner = [reduce for number, reduce in enumerate(kernel.reduceops) if any(number in owners and len(owners) == 1 for owners in kernel.owners)
+# threads of a work-group along the queries of a kernel with nested contractions: 64 or 128 ran alike on the H200, none (the runtime's
+# choice) up to 1.3x slower
+NESTED_THREADS = 64
+# lanes a key's nested reduces unroll together on a GPU: one by 8 (float32 16-byte loads; by 4 ran slower), two by 4 each (the
+# backward's dq and dk, bfloat16, causal 8x16x2048x64 on the H200: by 8 each 40 ms, by 4 each 17-22; float32 alike)
+NESTED_UNROLL = 8
+
+def _nested_plan(kernel: Kernel) -> bool:
+  """A kernel with reduces nested in another's loop with loops of their own (schedule rule 10: attention's scores q.k, the backward's
+  dO.v, an MLP's hidden layer) gets a plan of its own, and returns whether it did (the other plans were made for one reduce):
+  - the output axes those reduces do not vary along (the values' features, 128 or fewer) upcast whole, so each score is computed
+    once per element: upcast 4 of 40 features, the scores were computed 10 times over (CPU, causal 3x5x197x40 forward and
+    backward: 1775 ms against 68 stored);
+  - the last axis they do vary along (the queries) upcast by 4 on a CPU, so each key's loads serve 4 queries (causal SDPA
+    1x2x128x64 backward kernels 1.1 -> 0.53 ms);
+  - on a GPU, the nested reduces' own axes (the head dim) unrolled by NESTED_UNROLL lanes in all, so they read 16-byte
+    vectors (a bf16 score read one 2-byte element a load from a row per thread: 10x slower than float32), the queries split across
+    NESTED_THREADS threads, and where no features were upcast, the queries upcast by 2. H200, causal 8x16x2048x64, ms before ->
+    after, float32 / bfloat16: log-sum-exp 78 -> 7.4 / 143 -> 8.2, output 36 -> 23 / 437 -> 39, dv 38 -> 21 / 145 -> 13, dq and dk
+    29-32 -> 19-20 / 288 -> 17-22."""
+  inner = [number for number, reduce in enumerate(kernel.reduceops) if any(owners == {number} for owners in kernel.owners)
            and any(reduce in other.src[0].walk() for other in kernel.reduceops if other is not reduce)]
-  shared = sorted({axis for reduce in inner for axis in kernel.axes(AxisKind.GLOBAL) if axis not in kernel.value_axes(reduce)
-                   and kernel.full_shape[axis] > 1})
-  return bool(shared) and all([_try(kernel, Opt(OptOps.UPCAST, kernel.axes(AxisKind.GLOBAL).index(axis), 0)) for axis in reversed(shared)])
+  if not inner: return False
+  varying = set().union(*[kernel.value_axes(kernel.reduceops[number]) for number in inner])
+  shared = [axis for axis in kernel.axes(AxisKind.GLOBAL) if axis not in varying and kernel.full_shape[axis] > 1]
+  if not all([_try(kernel, Opt(OptOps.UPCAST, axis, 0)) for axis in reversed(shared)]): return False  # (the last first: numbers stay)
+  def rows() -> list[int]: return [axis for axis in kernel.axes(AxisKind.GLOBAL) if kernel.full_shape[axis] > 1]
+  if not kernel.target.has_local:
+    _try_upcast(kernel, rows()[-1:], (4, 2))
+    return True
+  own = [index for index, axis in enumerate(kernel.axes(AxisKind.REDUCE)) if len(kernel.owners[axis]) == 1 and kernel.owners[axis] <= set(inner)]
+  amounts = [amount for amount in (8, 4, 2) if amount * len(own) <= NESTED_UNROLL] or [2]
+  for index in reversed(own): next((amount for amount in amounts if _try(kernel, Opt(OptOps.UNROLL, index, amount))), None)
+  if not shared: _try_upcast(kernel, rows()[-1:], (2,))
+  if rows() and (divisors := [d for d in range(2, NESTED_THREADS + 1) if kernel.full_shape[rows()[-1]] % d == 0]):
+    _try(kernel, Opt(OptOps.LOCAL, rows()[-1], divisors[-1]))
+  return True
 
 PIECE_LANES = 49  # lanes of small masked axes upcast whole: Winograd's 6 x 6 transform tiles (36), each lane a different sum
 
