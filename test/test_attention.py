@@ -7,7 +7,8 @@ import pytest
 import torch
 from tinyc import Tensor, GlobalCounters
 from tinyc.dtype import dtypes
-from tinyc.ops import LoadOps
+from tinyc.helpers import prod
+from tinyc.ops import LoadOps, ReduceOps
 from tinyc.schedule import create_schedule
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.kernel import AxisKind, GPU_MAX_UPCAST, Kernel, KernelTarget, Opt, OptOps
@@ -43,6 +44,21 @@ def test_a_reduce_that_is_not_a_contraction_is_not_nested_with_loops_of_its_own(
   x, = arrays((8, 16))
   out = (Tensor(x) - Tensor(x).max(1, keepdim=True)).sum(0)
   assert len(items_of(out)) == 2
+
+def test_a_contraction_that_several_kernels_reach_is_stored_once():
+  """Rule 10 nests a contraction with loops of its own in the one kernel that reads it. An MLP's hidden layer (x w1) and its
+  gradient (g w2^T), which several of the backward's kernels reach (through the bias add, the activation's derivative), are each
+  stored once, not computed again in each of them; alone, the forward still computes the hidden layer in the second matmul's loop."""
+  x, w1, b1, w2 = arrays((64, 32), (32, 96), (96,), (96, 24))
+  params = [Tensor(a, requires_grad=True) for a in (w1, b1, w2)]
+  ((Tensor(x) @ params[0] + params[1]).gelu() @ params[2]).sum().backward()
+  stored = [base for item in items_of(*[p.grad for p in params]) for base in item.outs if prod(base.shape) == 64 * 96]
+  assert sum(base.op is ReduceOps.SUM for base in stored) == 2, [(base.op, base.shape) for base in stored]
+  torch_params = [torch.tensor(a, requires_grad=True) for a in (w1, b1, w2)]
+  hidden = torch.nn.functional.gelu(torch.tensor(x) @ torch_params[0] + torch_params[1], approximate="tanh")
+  (hidden @ torch_params[2]).sum().backward()
+  for ours, theirs in zip(params, torch_params): np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-4, atol=1e-4)
+  assert len(items_of((Tensor(x) @ Tensor(w1) + Tensor(b1)).relu() @ Tensor(w2))) == 1
 
 def test_online_softmax_walks_the_keys_once():
   """The max, the softmax's sum and the values' sum over the keys run in one loop (each computing the scores again would be three)."""

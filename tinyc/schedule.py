@@ -67,11 +67,13 @@ class Scheduler:
     self.scheduled: set[LazyBuffer] = set()
     self.storing: dict[LazyBuffer, KernelBuilder] = {}  # base -> the kernel being built that also stores it
     self.recomputed: set[LazyBuffer] = set()  # bases that kernels of this pass compute where several kernels may reach them
+    self.nested_in: dict[LazyBuffer, LazyBuffer] = {}  # a contraction nested with loops of its own -> the root of the kernel nesting it
     self.stale = False
     for target in targets: self.schedule(target)
 
-  def realize(self, base: LazyBuffer) -> None:
-    if base not in self.realizes and base in self.recomputed: self.stale = True
+  # store `base` from now on; `stale`: kernels of this pass that computed it must be made again (as where one recomputed it, rule 8)
+  def realize(self, base: LazyBuffer, stale: bool = False) -> None:
+    if stale or (base not in self.realizes and base in self.recomputed): self.stale = True
     self.realizes.add(base)
 
   def schedule(self, base: LazyBuffer) -> None:
@@ -194,6 +196,8 @@ class KernelBuilder:
     """Rule 10: a reduce of another frame in the kernel's loops, its input seen along the kernel's axes, each reduced dim along the
     loop it shares or a new axis of its own (the same ones wherever the reduce is reached)."""
     assert self.frame is not None, "a nested reduce needs the kernel's frame"
+    if nested.new and self.scheduler.nested_in.setdefault(base, self.root) is not self.root:  # a second kernel reaches it: stored once
+      self.scheduler.realize(base, stale=True)
     if (own := self.nested_axes.get(base)) is None:
       first = len(self.frame.shape) + len(self.new_axes)
       own = self.nested_axes[base] = tuple(range(first, first + len(nested.new)))

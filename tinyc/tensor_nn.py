@@ -236,16 +236,17 @@ class NNMixin:
     if dropout_p and type(self).training: return scores(self, key, *masks).softmax(-1).dropout(dropout_p) @ value
     # the forward is softmax(scores) @ v, which the scheduler computes in one kernel (rules 10, online softmax): no T x T matrix stored.
     # The backward recomputes the probabilities from the scores and their log-sum-exp, as flash attention does: each gradient is one
-    # kernel that computes its scores (and the product of the output's gradient with v) per key in its loop, never storing them
+    # kernel that computes its scores (and the product of the output's gradient with v) per key in its loop, never storing them. Each
+    # kernel's scores are a graph of their own: rule 10 stores a contraction that several kernels reach (an MLP's hidden layer)
     out = scores(self, key, *[m.detach() for m in masks]).detach().softmax(-1) @ value.detach()
     def backward(grad: Any, q: Any, k: Any, v: Any, *mask: Any) -> list[Any | None]:
-      logits = scores(q, k, *mask)
-      probs = (logits - logits.logsumexp(-1, keepdim=True)).exp()
+      lse = scores(q, k, *mask).logsumexp(-1, keepdim=True)
       delta = (grad * out.detach()).sum(-1, keepdim=True)
-      dscores = probs * (grad @ v.transpose(-2, -1) - delta)
+      def probs() -> Any: return (scores(q, k, *mask) - lse).exp()
+      def dscores() -> Any: return probs() * (grad @ v.transpose(-2, -1) - delta)
       with Context(PACK=0):  # a copy of probs or dscores along the queries (a CPU matmul's packing) would store the T x T matrix
-        grads = [(dscores @ k) * scale, (dscores.transpose(-2, -1) @ q) * scale, probs.transpose(-2, -1) @ grad]
-      return [g._sum_to(t.shape) for g, t in zip(grads, (q, k, v))] + [dscores._sum_to(m.shape) if m.dtype != dtypes.bool else None for m in mask]
+        grads = [(dscores() @ k) * scale, (dscores().transpose(-2, -1) @ q) * scale, probs().transpose(-2, -1) @ grad]
+      return [g._sum_to(t.shape) for g, t in zip(grads, (q, k, v))] + [dscores()._sum_to(m.shape) if m.dtype != dtypes.bool else None for m in mask]
     return type(self)._composite(lambda *inputs: out, backward, self, key, value, *masks)
   def _sum_to(self: Any, shape: tuple[int, ...]) -> Any:
     """This gradient summed over the dims its input was broadcast along (the input's shape: leading dims and size-1 dims)."""
