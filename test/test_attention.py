@@ -68,7 +68,8 @@ def test_online_softmax_walks_the_keys_once():
 
 @pytest.mark.parametrize("target", ["cpu", "gpu"])
 def test_the_heuristic_computes_each_score_once_for_every_feature(target, tinyc_device):
-  """The attention kernel's features (which the scores do not vary along) are upcast whole; a CPU upcasts the queries by 4 (each key's
+  """The attention kernel's features (which the scores do not vary along) are upcast whole (on a CPU, where their count is not a power
+  of two, a vector register's lanes of them first); a CPU upcasts the queries by 4 (each key's
   loads serve 4); a GPU unrolls the head dim by 8 (16-byte loads), gives the queries to 64 threads and, in a kernel with no features,
   upcasts them by 2. Each plan still computes the kernel's values."""
   ast, inputs, expected = attention_kernel(rows=256, keys=20, width=64, features=16)
@@ -76,7 +77,10 @@ def test_the_heuristic_computes_each_score_once_for_every_feature(target, tinyc_
   kernel = Kernel(ast, device_target)
   opts = hand_coded_optimizations(kernel)
   assert Opt(OptOps.UPCAST, 1, 0) in opts and kernel.full_shape[kernel.axes(AxisKind.UPCAST)[0]] == 16
-  if target == "cpu": assert opts == [Opt(OptOps.UPCAST, 1, 0), Opt(OptOps.UPCAST, 0, 4)]
+  if target == "cpu":
+    assert opts == [Opt(OptOps.UPCAST, 1, 0), Opt(OptOps.UPCAST, 0, 4)]
+    ast80, _, _ = attention_kernel(rows=256, keys=20, width=64, features=80)  # 80 features: a vector register's 8 lanes, then 10 of them
+    assert hand_coded_optimizations(Kernel(ast80, device_target))[:2] == [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 1, 0)]
   else: assert opts == [Opt(OptOps.UPCAST, 1, 0), Opt(OptOps.UNROLL, 1, 8), Opt(OptOps.LOCAL, 0, 64)]
   for got, want in zip(run_kernel(ast, inputs, expected, None), expected): np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
