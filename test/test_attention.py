@@ -8,7 +8,7 @@ import torch
 from tinyc import Tensor, GlobalCounters
 from tinyc.dtype import dtypes
 from tinyc.helpers import prod
-from tinyc.ops import LoadOps, ReduceOps
+from tinyc.ops import LoadOps, ReduceOps, UnaryOps
 from tinyc.schedule import create_schedule
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.kernel import AxisKind, GPU_MAX_UPCAST, Kernel, KernelTarget, Opt, OptOps
@@ -52,8 +52,11 @@ def test_a_contraction_that_several_kernels_reach_is_stored_once():
   x, w1, b1, w2 = arrays((64, 32), (32, 96), (96,), (96, 24))
   params = [Tensor(a, requires_grad=True) for a in (w1, b1, w2)]
   ((Tensor(x) @ params[0] + params[1]).gelu() @ params[2]).sum().backward()
-  stored = [base for item in items_of(*[p.grad for p in params]) for base in item.outs if prod(base.shape) == 64 * 96]
+  items = items_of(*[p.grad for p in params])
+  stored = [base for item in items for base in item.outs if prod(base.shape) == 64 * 96]
   assert sum(base.op is ReduceOps.SUM for base in stored) == 2, [(base.op, base.shape) for base in stored]
+  # and then rule 2 holds: the activation and its derivative (exp) are stored, not computed again for each weight gradient's output
+  assert not any(UnaryOps.EXP2 in [op.op for op in item.ast.walk()] for item in items if len(item.outs[0].shape) == 3), items
   torch_params = [torch.tensor(a, requires_grad=True) for a in (w1, b1, w2)]
   hidden = torch.nn.functional.gelu(torch.tensor(x) @ torch_params[0] + torch_params[1], approximate="tanh")
   (hidden @ torch_params[2]).sum().backward()

@@ -3,7 +3,7 @@ in schedule.py's docstring; each reason names its rule). A pure function of the 
 """
 from __future__ import annotations
 from enum import Enum, auto
-from typing import NamedTuple, cast
+from typing import Container, NamedTuple, cast
 from tinyc.helpers import prod
 from tinyc.ops import ElementwiseOps, LoadOps, ReduceOps, UnaryOps, UNSAFE_PAD_OPS
 from tinyc.shape.shapetracker import ShapeTracker
@@ -54,7 +54,7 @@ class Nesting(NamedTuple):
   new: tuple[int, ...]
   varying: frozenset[int]  # the kernel axes its result varies along
 
-def decide(base: LazyBuffer, site: Site, consumers: int, realize: bool, stored: bool) -> Decision:
+def decide(base: LazyBuffer, site: Site, consumers: int, realize: bool, stored: bool, realizes: Container[LazyBuffer] = ()) -> Decision:
   """What the kernel at `site` does with `base`: `consumers` bases read it, `realize` says the graph-level rules (3, 5) store it,
   `stored` that another kernel already does."""
   if base is site.root:
@@ -70,7 +70,7 @@ def decide(base: LazyBuffer, site: Site, consumers: int, realize: bool, stored: 
     return how
   if base.op in UNSAFE_PAD_OPS and _has_mask(site.st):
     return Decision(Fusion.REALIZE, f"rule 4: it is seen through a pad and f(0) != 0 for {base.op.name}")
-  if site.enclosing is not None and prod(base.shape) > 1 and _expanded_outside(site.st, site.enclosing) and not _feeds_nesting(base, site):
+  if site.enclosing is not None and prod(base.shape) > 1 and _expanded_outside(site.st, site.enclosing) and not _feeds_nesting(base, site, realizes):
     if consumers > 1:
       return Decision(Fusion.REALIZE, "rule 2: several kernels read it and a reduce reads it through an expand along an output axis, "
                                       "which would recompute it once per output element (a single value is recomputed)")
@@ -191,7 +191,7 @@ def _axis_map(out_shape: tuple[int, ...], st: ShapeTracker) -> dict[int, int] | 
     dims[dim] = axis
   return dims if all(size == 1 or dim in dims for dim, size in enumerate(out_shape)) else None
 
-def _feeds_nesting(base: LazyBuffer, site: Site, limit: int = 64) -> bool:
+def _feeds_nesting(base: LazyBuffer, site: Site, realizes: Container[LazyBuffer], limit: int = 64) -> bool:
   """Rule 10: whether an elementwise value read through an expand along output axes reaches, through elementwise ops, a reduce that is
   computed in the kernel's loops with loops of its own (attention's probabilities, of the scores): the value is then computed once per
   element of the loops and shared by the output elements it does not depend on (lanes), and storing it would store the matrix of scores."""
@@ -199,7 +199,7 @@ def _feeds_nesting(base: LazyBuffer, site: Site, limit: int = 64) -> bool:
   while stack and seen < limit:
     node, st = stack.pop()
     seen += 1
-    if node.realized is not None: continue
+    if node.realized is not None or node in realizes: continue  # (a stored contraction is loaded: the value is no matrix of scores)
     if isinstance(node.op, ReduceOps):
       if isinstance(nested := nesting(node, site._replace(st=st)), Nesting) and nested.new: return True
     elif isinstance(node.op, ElementwiseOps): stack.extend((src.base, src.st + st) for src in node.srcs)

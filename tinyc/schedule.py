@@ -164,7 +164,7 @@ class KernelBuilder:
     consumers = scheduler.consumers.get(base, 0)
     stored = base in scheduler.scheduled or base in scheduler.no_store or scheduler.storing.get(base, self) is not self
     site = Site(self.root, st, shared, enclosing, self.frame, self.row_axes, loops)
-    decision = decide(base, site, consumers, base in scheduler.realizes, stored)
+    decision = decide(base, site, consumers, base in scheduler.realizes, stored, scheduler.realizes)
     self._explain(base, decision)
     fusion = decision.fusion
     if fusion is Fusion.REALIZE: scheduler.realize(base)
@@ -395,10 +395,24 @@ def _schedule(targets: list[LazyBuffer]) -> list[ScheduleItem]:
   realizes = set(targets) | {base for base in consumers if isinstance(base.op, LoadOps) and base.op is not LoadOps.CONST}
   no_store: set[LazyBuffer] = set()
   targets.sort(key=lambda target: consumers[target] > 0)  # readers first: a target read by another is stored by its reader (rule 8)
-  while (scheduler := Scheduler(targets, consumers, realizes, no_store)).stale: pass
+  while True:
+    while (scheduler := Scheduler(targets, consumers, realizes, no_store)).stale: pass
+    if not (crossed := _reduces_of_crossed_assigns(scheduler.items)): break
+    assert not crossed <= no_store, f"assigns that read each other's targets: {crossed}"
+    no_store.update(crossed)
   items = _merge_siblings(scheduler.items) if len(scheduler.items) > 1 else scheduler.items
   if any(out.op is LoadOps.ASSIGN for item in items for out in item.outs): items = _ordered(items)
   return items
+
+def _reduces_of_crossed_assigns(items: list[ScheduleItem]) -> set[LazyBuffer]:
+  """Rule 6 across kernels: two kernels that assign (an optimizer's updates) may each read the other's target, through a gradient each
+  stores by rule 8 (a layernorm's weight and bias, each gradient reading the other's parameter); neither can run first. The reduces such
+  kernels store are then stored by kernels of their own, which run before both."""
+  if not any(out.op is LoadOps.ASSIGN for item in items for out in item.outs): return set()
+  after, ordered = _dependencies(items), set[int]()
+  while ready := {index for index, deps in enumerate(after) if index not in ordered and deps <= ordered}: ordered |= ready
+  return {out for index, item in enumerate(items) if index not in ordered and item.outs[0].op is LoadOps.ASSIGN
+          for out in item.outs[1:] if isinstance(out.op, ReduceOps)}
 
 def _count_consumers(targets: list[LazyBuffer]) -> dict[LazyBuffer, int]:
   """How many bases read each unrealized base under `targets` (each reader once)."""
