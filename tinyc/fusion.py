@@ -56,7 +56,7 @@ class Nesting(NamedTuple):
 
 def decide(base: LazyBuffer, site: Site, consumers: int, realize: bool, stored: bool, realizes: Container[LazyBuffer] = ()) -> Decision:
   """What the kernel at `site` does with `base`: `consumers` bases read it, `realize` says the graph-level rules (3, 5) store it,
-  `stored` that another kernel already does."""
+  `stored` that another kernel already does; `realizes`: the bases stored so far (loaded, not computed, where this kernel reaches them)."""
   if base is site.root:
     if base.op is LoadOps.CONST: return Decision(Fusion.CONST, "the kernel stores a constant")
     if isinstance(base.op, ReduceOps): return _reduce(base, Fusion.REDUCE, "rule 5: the kernel stores this reduce")
