@@ -72,7 +72,7 @@ class LazyOp:
   def __eq__(self, other: object) -> bool:
     return self is other or (isinstance(other, LazyOp) and self._hash == other._hash and self.op == other.op and self.arg == other.arg
                              and self.src == other.src)
-  @property
+  @functools.cached_property  # (a Winograd transform's sum of 562 loads asked it of each of its nodes: quadratic in the chain)
   def dtype(self) -> DType:
     """The dtype this node computes, following the rules every renderer uses."""
     if self.op in (BufferOps.LOAD, BufferOps.CONST, BufferOps.STORE): return self.arg.dtype

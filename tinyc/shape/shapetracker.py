@@ -130,7 +130,8 @@ class ShapeTracker:
   @functools.lru_cache(maxsize=None)
   def _expr_idxs(self, idxs: tuple[Node, ...]) -> tuple[Node, Node]:
     assert len(idxs) == len(self.shape), f"{len(idxs)} index nodes for shape {self.shape}"
-    idx, valid = self.views[-1].expr_idxs(idxs), self.views[-1].expr_valid(idxs)
+    if (valid := self.views[-1].expr_valid(idxs)).max == 0: return NumNode(0), NumNode(0)  # (a padded piece's lanes: most of them)
+    idx = self.views[-1].expr_idxs(idxs)
     for view in reversed(self.views[:-1]):
       if valid.max == 0: return NumNode(0), NumNode(0)
       if not all_int(view.shape): raise NotImplementedError(f"views {self.views} stack a symbolic shape: call .contiguous() first")
