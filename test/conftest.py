@@ -2,7 +2,9 @@
 
 - With CUDA=1, GPU=1, LLVM=1 or DEVICE=NAME set, every test runs on that device. With none set, the op suite (the modules in
   EVERY_DEVICE) runs once per usable device: LLVM, and OpenCL where a platform is installed (CI installs PoCL); the rest runs
-  on the default device. PoCL takes 0.1-0.4 s to build a kernel, so the training-level modules, which build the same kinds of
+  on the default device. A test marked `one_device` runs on LLVM alone, and its kernels are not compiled as CUDA too (below): its
+  work does not depend on the device (it compiles PTX itself), or its module's other tests cover each device and CUDA (a sweep of
+  shapes). PoCL takes 0.1-0.4 s to build a kernel, so the training-level modules, which build the same kinds of
   kernels as the op suite many times over, would double CI's time for little new coverage.
 - Wherever NVRTC is found (CI installs the nvidia-cuda-nvrtc wheel) and the device is not CUDA itself, every kernel the
   suite builds is also rendered as CUDA C and compiled to PTX, so a CUDA codegen bug fails CI without a GPU.
@@ -26,7 +28,8 @@ def devices_to_test() -> list[str]:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
   if "tinyc_device" in metafunc.fixturenames and metafunc.module.__name__.split(".")[-1] in EVERY_DEVICE:
-    metafunc.parametrize("tinyc_device", devices_to_test(), indirect=True)
+    one_device = metafunc.definition.get_closest_marker("one_device") is not None  # its work does not depend on the device
+    metafunc.parametrize("tinyc_device", devices_to_test()[:1] if one_device else devices_to_test(), indirect=True)
 
 @pytest.fixture
 def tinyc_device(request: pytest.FixtureRequest) -> str | None: return getattr(request, "param", None)
@@ -43,6 +46,16 @@ def _cache_dir_of_the_session(tmp_path_factory: pytest.TempPathFactory):
 def _on_device(tinyc_device: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
   """Make the parametrized device the default one for this test."""
   if tinyc_device is not None and not any(os.environ.get(name) for name in SELECTORS): monkeypatch.setenv("DEVICE", tinyc_device)
+
+CHECK_CUDA = [True]  # off in a test marked one_device
+
+@pytest.fixture(autouse=True)
+def _one_device_tests_are_not_checked_as_cuda(request: pytest.FixtureRequest):
+  """A sweep of shapes marked one_device: the module's other tests check its kind of kernel as CUDA (linearizing a Winograd transform
+  as for an H200 took 90% of each shape's time)."""
+  CHECK_CUDA[0] = request.node.get_closest_marker("one_device") is None
+  yield
+  CHECK_CUDA[0] = True
 
 def _nvrtc_available() -> bool:
   if os.environ.get("CUDA") == "1" or os.environ.get("DEVICE", "").upper() == "CUDA": return False  # the real thing runs
@@ -73,7 +86,7 @@ def _compile_every_kernel_as_cuda(tmp_path_factory: pytest.TempPathFactory):
   original, seen = Compiled.get_program, set()
   def get_program_and_check_cuda(self, ast, opts=None):  # type: ignore[no-untyped-def]
     program = original(self, ast, opts)
-    if (ast, opts) not in seen:
+    if CHECK_CUDA[0] and (ast, opts) not in seen:
       seen.add((ast, opts))
       if (marker := checked / hashlib.sha256(repr((ast_text(ast), opts)).encode()).hexdigest()[:40]).exists(): return program
       kernel = Kernel(ast, H200_TARGET)  # as on an H200: what the GPU heuristic or the Opts make of it
