@@ -131,3 +131,12 @@ class TestShapeTracker:
     with pytest.raises(AssertionError, match="invalid shrink"): st.shrink(((0, 5), (0, 6)))
     with pytest.raises(AssertionError, match="invalid pad"): st.pad(((0, -1), (0, 0)))
     with pytest.raises(AssertionError, match="invalid stride"): st.stride((0, 1))
+
+def test_a_constant_index_is_checked_only_against_the_dims_the_mask_bounds():
+  """A lane's constant index outside a masked dim's range is invalid at once; one past an unmasked dim's size is not judged by the
+  mask (a PADTO lane: the kernel's own view masks it). The shortcut once read the full range as a bound and zeroed such lanes."""
+  view = View.create((4, 3), mask=((1, 3), (0, 3)))
+  assert view.expr_valid([NumNode(0), NumNode(1)]).max == 0 and view.expr_valid([NumNode(3), NumNode(1)]).max == 0
+  assert view.expr_valid([NumNode(2), NumNode(5)]).min == 1
+  row = Variable("row", 0, 3)
+  assert (view.expr_valid([row, NumNode(5)]).min, view.expr_valid([row, NumNode(5)]).max) == (0, 1)

@@ -75,7 +75,7 @@ class View:
     if self.mask is None: return NumNode(1)
     conditions: list[Node] = []
     for idx, (begin, end), size in zip(idxs, self.mask, self.shape):
-      if isinstance(idx, NumNode) and not begin <= idx.b < end: return NumNode(0)
+      if isinstance(idx, NumNode) and all_int((begin, end)) and (begin != 0 and idx.b < begin or end != size and idx.b >= end): return NumNode(0)
       if begin != 0: conditions.append(create_ge_node(idx, begin))
       if end != size: conditions.append(create_lt_node(idx, end))
     return Node.ands(conditions)
