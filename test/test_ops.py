@@ -153,6 +153,7 @@ SCALAR_OPS = {
   "ge": lambda x, s: x >= s, "eq": lambda x, s: x == s, "ne": lambda x, s: x != s,
 }
 
+@pytest.mark.one_device  # (test_binary runs each op on each device)
 @pytest.mark.parametrize("scalar", [3, -2, 2.5, -0.5], ids=str)
 @pytest.mark.parametrize("dtype", [f32, i32, u8, f16], ids=str)
 def test_scalar_ops(dtype, scalar):
@@ -387,6 +388,7 @@ MOVEMENT = {  # name: (torch fn, tinyc fn), on a (2, 3, 4) input
             lambda x: x.permute(2, 0, 1)[1:3, ::-1].reshape(2, 6).T.unsqueeze(0).expand(2, 6, 2)),
 }
 
+@pytest.mark.one_device
 @pytest.mark.parametrize("dtype", [f32, i32, boolean, f16], ids=str)
 @pytest.mark.parametrize("name", MOVEMENT)
 def test_movement(name, dtype):

@@ -152,7 +152,6 @@ def apply_plan(kernel: Kernel, plan: list[Opt] | None) -> list[Opt]:
   for opt in plan: kernel.apply_opt(opt)
   return plan
 
-@pytest.mark.one_device
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", TC_DTYPES + (dtypes.float32,), ids=lambda dtype: dtype.name)
 def test_tensor_core_kernels_compile_to_ptx(layout, dtype):

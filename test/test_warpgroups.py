@@ -54,7 +54,6 @@ def test_illegal_warpgroup_opts_raise_and_leave_the_kernel_alone(why, target, dt
     with pytest.raises(KernelOptError): kernel.apply_opt(opt)
     assert (kernel.full_shape, kernel.applied_opts) == (shape, opts), why
 
-@pytest.mark.one_device
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", TC_DTYPES, ids=lambda dtype: dtype.name)
 def test_warpgroup_kernels_compile_to_ptx(layout, dtype):
