@@ -128,6 +128,7 @@ def test_binary_noncontiguous():
     check([(3, 4), (4, 3)], lambda x, y: fn(x, y.T), low=-9, high=9)
     check([(4, 6), (2, 6)], lambda x, y: fn(x[::2], y.flip(1)), lambda x, y: fn(x[::2], y[:, ::-1]), low=-9, high=9)
 
+@pytest.mark.one_device  # (test_transcendental runs exp2 and log2 on each device)
 @pytest.mark.parametrize("dtype", [f32, i32, u8, f16], ids=str)
 def test_pow(dtype):
   kw = {"dtype": dtype, **tol(dtype)}
@@ -486,6 +487,7 @@ INDICES = [
   (0, Ellipsis, slice(None, None, -1)), (None, None, 0, None), (slice(None, None, 5), 0), (1, Ellipsis, 2, None),
 ]
 
+@pytest.mark.one_device  # (index math, as test_movement)
 @pytest.mark.parametrize("dtype", [f32, i8], ids=str)
 def test_getitem(dtype):
   data = random_array((4, 5, 6), dtype, -50, 50)
