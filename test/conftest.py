@@ -6,8 +6,8 @@
   each op, dtype and cast renders as C, and the fuzzed Opts that only a GPU target has: locals, groups), not the modules whose
   kernels are of those kinds many times over (matmul grids, training steps, search and cache machinery). On PoCL those took
   2547 s of a cold run's 3368 s of tests; the H200 runs every module with GPU=1 and CUDA=1.
-- A test marked `one_device` runs on LLVM alone (its work does not depend on the device: it compiles PTX itself, or sweeps index
-  math the op suite's other tests render on each device); one marked `no_cuda_check` is not also compiled as CUDA (below).
+- A test of those modules marked `one_device` runs on LLVM alone: a sweep (movement, indexing, pow, scalar ops) whose pieces the
+  op suite's other tests render on each device. One marked `no_cuda_check` is not also compiled as CUDA (below).
 - Wherever NVRTC is found (CI installs the nvidia-cuda-nvrtc wheel) and the device is not CUDA itself, every kernel the
   suite builds is also rendered as CUDA C and compiled to PTX, so a CUDA codegen bug fails CI without a GPU.
 """
