@@ -383,6 +383,14 @@ def test_a_gpu_splits_the_long_reduce_of_a_weight_gradient(device):
   (a, g), (ta, tg) = realized_inputs((2048, 64), (2048, 256))
   np.testing.assert_allclose((ta.to(device).T @ tg.to(device)).numpy(), a.T @ g, rtol=1e-4, atol=1e-3)
 
+def test_a_gpu_splits_a_weight_gradient_that_reads_a_stored_matmul():
+  """Split-K leaves alone a sum of products whose operand reads a contraction short enough to nest in its kernel (rule 10: attention's
+  probabilities); one that reads a longer contraction, stored by a kernel of its own (an MLP's hidden layer over 256 inputs), splits."""
+  if not Device.usable("GPU"): pytest.skip("GPU is not usable here")
+  x, w, grad = (Tensor.empty(*shape, device="GPU") for shape in ((4096, 256), (256, 512), (4096, 256)))
+  shapes = [item.outs[0].shape for item in kernel_items((x @ w).relu().T @ grad)]
+  assert shapes == [(4096, 512, 1), (16, 512, 256, 1), (512, 256, 1)], shapes
+
 def test_contiguous_of_an_unrealized_value_is_stored(kernels):
   (a, b), (ta, tb) = realized_inputs((16,), (32,))
   # rule 5: without contiguous() the single reader recomputes a + 1 inside its reduce (one kernel); with it, a + 1 is stored first

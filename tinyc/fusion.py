@@ -8,11 +8,11 @@ from tinyc.helpers import prod
 from tinyc.ops import ElementwiseOps, LoadOps, ReduceOps, UnaryOps, UNSAFE_PAD_OPS
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.shape.view import strides_for_shape
-from tinyc.lazy import LazyBuffer
+from tinyc.lazy import NESTED_MAX, LazyBuffer
 
 # a reduce of another frame nested in a kernel's loops (rule 10) sums at most this many elements a trip in loops of its own, and is
-# shared by at most this many output elements it does not depend on (the heuristic makes them lanes): attention's head dim
-NESTED_MAX = 128
+# shared by at most this many output elements it does not depend on (the heuristic makes them lanes): attention's head dim (NESTED_MAX,
+# in lazy.py, whose split-K leaves alone a sum of products that reads such a contraction)
 TRANSCENDENTAL = (UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT)
 
 class Fusion(Enum):

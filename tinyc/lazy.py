@@ -143,16 +143,19 @@ def _reduce_split(shape: tuple[int, ...], axis: tuple[int, ...]) -> tuple[int, i
   parts = next((d for d in range(min(MAX_SPLIT_PARTS, math.isqrt(shape[dim])), 15, -1) if shape[dim] % d == 0), None)
   return None if parts is None else (dim, parts)
 
+NESTED_MAX = 128  # a contraction's products (and lanes) that a kernel reading it may compute in its own loops (schedule rule 10)
+
 def _reads_a_product(buf: LazyBuffer, limit: int = 32) -> bool:
-  """Whether a value's elementwise ops (up to `limit` of them) read a matmul's result that is not realized (attention's scores): a sum
-  of products of operands that are all read through an expand."""
+  """Whether a value's elementwise ops (up to `limit` of them) read a matmul's result that is not realized and short enough to be
+  computed in the reader's loops (attention's scores): a sum of NESTED_MAX or fewer products of operands all read through an expand.
+  A longer one is stored by its own kernel (an MLP's hidden layer), which a split reader reads like any buffer."""
   stack, seen = [buf.base], 0
   while stack and seen < limit:
     node, seen = stack.pop(), seen + 1
     if node.realized is not None or node.op is None or isinstance(node.op, LoadOps): continue
     if isinstance(node.op, ReduceOps):
       product = node.srcs[0].base
-      if product.op is BinaryOps.MUL and all(any(st == 0 and size > 1 for view in src.st.views for st, size in zip(view.strides, view.shape))
+      if product.op is BinaryOps.MUL and prod(product.shape[axis] for axis in node.arg) <= NESTED_MAX and all(any(st == 0 and size > 1 for view in src.st.views for st, size in zip(view.strides, view.shape))
                                              for src in product.srcs): return True
     else: stack.extend(src.base for src in node.srcs)
   return False
