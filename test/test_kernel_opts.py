@@ -326,6 +326,22 @@ def test_row_sum_and_max_split_across_a_work_group(op, tinyc_device):
   np.testing.assert_allclose(run_with_opts(tx.sum(1), lanes_and_unroll), x.sum(1), rtol=1e-5, atol=1e-4)
   np.testing.assert_array_equal(run_with_opts(tx.max(1), lanes_and_unroll), x.max(1))
 
+@pytest.mark.parametrize("op", [OptOps.GROUP, OptOps.GROUPTOP])
+def test_online_softmax_split_across_a_work_group(op, tinyc_device):
+  """Attention's max and sums over the keys, split among a work-group's threads, still walk each thread's keys once (online softmax);
+  the threads' maxes meet first, then each sum is rescaled to the work-group's max as it meets. A causal mask leaves some threads
+  of the first rows no key at all (a max of -inf, sums of 0)."""
+  (q, tq), (k, tk), (v, tv) = realized(24, 8, seed=5), realized(32, 8, seed=6), realized(32, 16, seed=7)
+  causal = np.where(np.tril(np.ones((24, 32), bool)), 0.0, -np.inf).astype(np.float32)
+  out = (tq @ tk.T * 0.5 + Tensor(causal)).softmax(-1) @ tv
+  opts = [Opt(op, 0, 8), Opt(OptOps.UPCAST, 1, 0)]
+  uops = Linearizer(optimized(out, opts), threads=True).linearize()
+  assert len([uop for uop in uops if uop.op is UOps.LOOP and uop.src[1].arg == 4]) == 1, "each thread walks its 4 keys once"
+  if not has_local(): return
+  scores = q @ k.T * 0.5 + causal
+  weights = np.exp(scores - scores.max(1, keepdims=True))
+  np.testing.assert_allclose(run_with_opts(out, opts), weights / weights.sum(1, keepdims=True) @ v, rtol=1e-5, atol=1e-5)
+
 def test_padded_elementwise_with_upcast(tinyc_device):
   (a, ta), (b, tb) = realized(29, 29, seed=3), realized(29, 29, seed=4)
   opts = [Opt(OptOps.PADTO, 1, 32), Opt(OptOps.UPCAST, 1, 4)]
@@ -394,6 +410,12 @@ def test_heuristic_stages_a_large_matmul_on_a_gpu():
   assert kernel.upcast_size == 256 and kernel.size_of(U) == 64 and kernel.local_size == 32 and not kernel.staged
   kernel, ops = heuristic(Tensor.empty(512, 64) @ Tensor.empty(64, 512))  # too short a reduce to stage: 4x4 tiles, 16x16 work-groups
   assert kernel.upcast_size == 64 and kernel.size_of(U) == 16 and kernel.local_size == 256 and len(kernel.axes(G)) == 2
+
+def test_heuristic_stages_a_linear_layers_operands_not_its_bias():
+  """A bias is read after the reduce, where staging has nothing to share: x W^T + b stages x and W, as x W^T alone does."""
+  x, w, b = Tensor.empty(4096, 384), Tensor.empty(1152, 384), Tensor.empty(1152)
+  kernel, _ = heuristic(x @ w.T + b, KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST))
+  assert kernel.staged == (1, 2) and kernel.local_size == 128
 
 def test_heuristic_stages_a_matmul_from_128_products_an_output():
   for k, staged in ((128, (1, 2)), (64, ())):

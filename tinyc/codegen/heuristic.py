@@ -36,6 +36,7 @@ from typing import Callable
 from tinyc.helpers import NOOPT, all_int, prod
 from tinyc.ops import MemBuffer
 from tinyc.codegen.kernel import AxisKind, Kernel, KernelOptError, Opt, OptOps
+from tinyc.codegen.online import online_groups
 
 def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   """Apply the heuristic's Opts to `kernel` and return them (none with NOOPT=1, nor for a kernel with a symbolic axis: its rules compare
@@ -57,6 +58,12 @@ NESTED_THREADS = 64
 # lanes a key's nested reduces unroll together on a GPU: one by 8 (float32 16-byte loads; by 4 ran slower), two by 4 each (the
 # backward's dq and dk, bfloat16, causal 8x16x2048x64 on the H200: by 8 each 40 ms, by 4 each 17-22; float32 alike)
 NESTED_UNROLL = 8
+# threads a nested kernel's keys (its outer reduce) are split among where softmax's max and sums run in one loop, or the inputs are 16-bit
+# (attention's backward). H200, causal attention, ms before -> after at 8x6x512x64 / 8x16x2048x64. float32: log-sum-exp 0.40 -> 0.22 /
+# 7.4 -> 7.1, output 0.59 -> 0.46 / 22.7 -> 21.2; bfloat16: log-sum-exp 0.81 -> under 0.33 / 9.5 -> 8.8, output 1.54 -> 0.71 / 39.2
+# -> 29.0, dq, dk and dv 0.54, 0.63, 0.47 -> 0.44, 0.38, 0.27 / 17.1, 20.2, 12.9 -> 14.0, 17.7, 12.5. Not the float32 backward's (0.45-0.57
+# -> 0.65-0.67 / 19.3-20.7 -> 22.9-25.9), nor by 4 (slower than by 2 in all but the log-sum-exp)
+NESTED_GROUP = 2
 
 def _nested_plan(kernel: Kernel) -> bool:
   """A kernel with reduces nested in another's loop with loops of their own (schedule rule 10: attention's scores q.k, the backward's
@@ -85,7 +92,12 @@ def _nested_plan(kernel: Kernel) -> bool:
   amounts = [amount for amount in (8, 4, 2) if amount * len(own) <= NESTED_UNROLL] or [2]
   for index in reversed(own): next((amount for amount in amounts if _try(kernel, Opt(OptOps.UNROLL, index, amount))), None)
   if not shared: _try_upcast(kernel, rows()[-1:], (2,))
-  if rows() and (divisors := [d for d in range(2, NESTED_THREADS + 1) if kernel.full_shape[rows()[-1]] % d == 0]):
+  threads = NESTED_THREADS
+  outer = [index for index, axis in enumerate(kernel.axes(AxisKind.REDUCE)) if not kernel.owners[axis] <= set(inner)]
+  sixteen_bit = any(buf.dtype.itemsize == 2 for buf in kernel.bufs[kernel.n_outputs:] if isinstance(buf, MemBuffer))
+  if len(outer) == 1 and (online_groups(kernel) or sixteen_bit) and _try(kernel, Opt(OptOps.GROUP, outer[0], NESTED_GROUP)):
+    threads //= NESTED_GROUP
+  if rows() and (divisors := [d for d in range(2, threads + 1) if kernel.full_shape[rows()[-1]] % d == 0]):
     _try(kernel, Opt(OptOps.LOCAL, rows()[-1], divisors[-1]))
   return True
 
@@ -187,6 +199,11 @@ def _broadcast_axes(kernel: Kernel, inputs: list[int]) -> list[int]:
   return [axis for axis in kernel.axes(AxisKind.GLOBAL)
           if kernel.full_shape[axis] > 1 and any(_strides(kernel, i)[axis] == 0 for i in inputs)]
 
+def _read_in_reduces(kernel: Kernel, inputs: list[int]) -> list[int]:
+  """The inputs a reduce reads, the ones worth staging: a linear layer's bias is read after its sum, once an output."""
+  loaded = {node.arg for reduceop in kernel.reduceops for node in reduceop.src[0].walk()}
+  return [i for i in inputs if kernel.bufs[i] in loaded]
+
 def _try_upcast(kernel: Kernel, axes: list[int], amounts: tuple[int, ...]) -> int | None:
   """Upcast the last of `axes` that takes one of `amounts` (the first that divides it; 0, the whole axis, only up to 16): that axis."""
   for axis in reversed(axes):
@@ -261,7 +278,7 @@ def _gpu_optimizations(kernel: Kernel, inputs: list[int]) -> None:
   # 4 times the outputs along the broadcast axis with the most reuse, BEAM=2's plan for Winograd's 36 batched products of N64 C64
   # 56x56 (a reduce of 64 channels; 64 output channels): 240 -> 127 us on the H200
   short = not window and reduce_size < STAGED_MIN_REDUCE
-  if short and outputs >= 64 * GPU_THREADS and all(_try(kernel, Opt(OptOps.STAGE, i, 0)) for i in inputs):
+  if short and outputs >= 64 * GPU_THREADS and all(_try(kernel, Opt(OptOps.STAGE, i, 0)) for i in _read_in_reduces(kernel, inputs)):
     if candidates := sorted(_broadcast_axes(kernel, inputs), key=reuse):
       for _ in range(2): _try(kernel, Opt(OptOps.UPCAST, candidates[-1], 2))
   # a conv (a reduce over its channels and window) computes twice the outputs along the two broadcast axes with the most reuse,
@@ -299,7 +316,7 @@ def _stage_big_matmul(kernel: Kernel, axes: list[int], inputs: list[int]) -> boo
     if trial.full_shape[axis] % multiple: _try(trial, Opt(OptOps.PADTO, paddable.index(axis), multiple))
   if not all(_try(trial, opt) for opt in plan): return False
   if not any(_try(trial, Opt(OptOps.UNROLL, last_reduce, amount)) for amount in (16, 8, 4)): return False
-  if not all(_try(trial, Opt(OptOps.STAGE, i, 0)) for i in inputs): return False
+  if not all(_try(trial, Opt(OptOps.STAGE, i, 0)) for i in _read_in_reduces(kernel, inputs)): return False
   for opt in trial.applied_opts[len(kernel.applied_opts):]: kernel.apply_opt(opt)
   return True
 

@@ -301,7 +301,7 @@ class Linearizer:
     in `outer`. After a GROUP, every thread gets them, except after the last reduce, outside loops, with no row to store."""
     kernel, number, op = self.kernel, self.kernel.reduceops.index(reduceop), cast(ReduceOps, reduceop.op)
     grouped, looped, unrolled = ([axis for axis in kernel.axes(kind) if number in kernel.owners[axis]] for kind in REDUCE_SIDE)
-    if (group := self.online.get(reduceop)) is not None: return online_reduce(self, group, outer, looped, unrolled)
+    if (group := self.online.get(reduceop)) is not None: return online_reduce(self, group, outer, grouped, looped, unrolled)
     key_axes = [axis for axis in outer.lane_axes if axis in self.value_axes(reduceop)]  # an accumulator for each of their lanes
     keys = list(itertools.product(*[range(kernel.full_shape[axis]) for axis in key_axes]))
     # on a CPU the lanes of one key axis may share an accumulator, a vector (packing.py): accumulators are keyed by the other axes

@@ -67,9 +67,9 @@ def _varies(node: LazyOp, axes: set[int]) -> bool:
 def online_groups(kernel: Kernel) -> dict[LazyOp, OnlineGroup]:
   """Each reduce that runs in one loop with others (by every member): a float MAX of values a reduce computes, whose every reader among
   the reduces is a SUM over the same axes of a value proportional to exp2((y - max) * scale), depending beyond the max only on output
-  axes. Not where a GROUP, staged tiles or tensor cores split the loop among threads (their partial results would need rescaling as
-  they meet)."""
-  if kernel.axes(AxisKind.GROUP) or kernel.staged or kernel.axes(AxisKind.TC): return {}
+  axes. Not with staged tiles or tensor cores (their loops are shared by a work-group's threads); a GROUP's threads each walk their
+  share of the keys and meet after it (online_reduce)."""
+  if kernel.staged or kernel.axes(AxisKind.TC): return {}
   groups: dict[LazyOp, OnlineGroup] = {}
   memo: dict[LazyOp, frozenset[int]] = {}
   for number, peak in enumerate(kernel.reduceops):
@@ -100,15 +100,17 @@ def _exp_scale(value: LazyOp, peak: LazyOp) -> float | None:
       return scale.arg.val
   return None
 
-def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, looped: list[int], unrolled: list[int]) -> None:
+def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, grouped: list[int], looped: list[int], unrolled: list[int]) -> None:
   """The group's reduces in one walk of their axes: each trip, the new max of every row; each sum's accumulator scaled by
   exp2((old max - new max) * scale) and the trip's values (computed with the new max) added. A max still -inf (every value so far
-  -inf: a masked key) is used as 0, so no -inf - -inf makes a nan. Records every member's result in `outer`."""
+  -inf: a masked key) is used as 0, so no -inf - -inf makes a nan. Where GROUP axes split the walk, the threads' maxes meet first,
+  then each thread's sums, scaled by exp2((its max - the group's max) * scale), meet as sums. Records every member's result in `outer`."""
   kernel, members = lin.kernel, (group.peak, *group.sums)
   key_axes = {reduce: [axis for axis in outer.lane_axes if axis in lin.value_axes(reduce)] for reduce in members}
   keys = {reduce: list(itertools.product(*[range(kernel.full_shape[axis]) for axis in key_axes[reduce]])) for reduce in members}
   accs = {reduce: lin.define_accs(reduce, len(keys[reduce])) for reduce in members}
-  scope = type(outer)(dict(outer.bound), sorted(set(unrolled).union(*key_axes.values())), dict(outer.reduced))
+  bound = outer.bound | {axis: lin.thread_idxs[axis] for axis in grouped}
+  scope = type(outer)(bound, sorted(set(unrolled).union(*key_axes.values())), dict(outer.reduced))
   loops = lin.walk_loops(looped, group.peak.src[0], scope)
   dtype = group.peak.dtype
   def this_trip(reduce: LazyOp, op: BinaryOps) -> dict[tuple[int, ...], UOp]:
@@ -138,6 +140,16 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, looped: lis
   # the new max is stored last: C renderers name an accumulator's value by the accumulator, so every read of the old one comes first
   for key, acc in zip(keys[group.peak], accs[group.peak]): lin.uop(UOps.STORE, None, (acc, new[key]), pure=False)
   for loop in reversed(loops): lin.end(loop)
-  for reduce in members:
-    results = {key: lin.uop(UOps.LOAD, dtype, (acc,), pure=False) for key, acc in zip(keys[reduce], accs[reduce])}
-    outer.reduced[reduce] = (tuple(key_axes[reduce]), results)
+  results = {reduce: [lin.uop(UOps.LOAD, dtype, (acc,), pure=False) for acc in accs[reduce]] for reduce in members}
+  if grouped:
+    own_peaks = dict(zip(keys[group.peak], results[group.peak]))
+    results[group.peak] = lin.group_reduce(group.peak, results[group.peak], everyone=True)
+    peaks = {key: lin.alu(TernaryOps.WHERE, dtype, lin.alu(BinaryOps.CMPEQ, dtypes.bool, peak, minus_inf), zero, peak)
+             for key, peak in zip(keys[group.peak], results[group.peak])}
+    for reduce, scale in zip(group.sums, group.scales):  # a thread that saw no key (its max -inf) has sums of 0, and exp2(-inf) is 0
+      peak_keys = [tuple(key[key_axes[reduce].index(axis)] for axis in key_axes[group.peak]) for key in keys[reduce]]
+      factors = [lin.alu(UnaryOps.EXP2, dtype, lin.alu(BinaryOps.MUL, dtype, lin.alu(BinaryOps.SUB, dtype, own_peaks[key], peaks[key]),
+                                                     lin.const(scale, dtype))) for key in peak_keys]
+      rescaled = [lin.alu(BinaryOps.MUL, dtype, partial, factor) for partial, factor in zip(results[reduce], factors)]
+      results[reduce] = lin.group_reduce(reduce, rescaled, everyone=True)
+  for reduce in members: outer.reduced[reduce] = (tuple(key_axes[reduce]), dict(zip(keys[reduce], results[reduce])))
