@@ -155,7 +155,8 @@ def _reads_a_product(buf: LazyBuffer, limit: int = 32) -> bool:
     if node.realized is not None or node.op is None or isinstance(node.op, LoadOps): continue
     if isinstance(node.op, ReduceOps):
       product = node.srcs[0].base
-      if product.op is BinaryOps.MUL and prod(product.shape[axis] for axis in node.arg) <= NESTED_MAX and all(any(st == 0 and size > 1 for view in src.st.views for st, size in zip(view.strides, view.shape))
-                                             for src in product.srcs): return True
+      if product.op is BinaryOps.MUL and prod(product.shape[axis] for axis in node.arg) <= NESTED_MAX and all(
+          any(st == 0 and size > 1 for view in src.st.views for st, size in zip(view.strides, view.shape)) for src in product.srcs):
+        return True
     else: stack.extend(src.base for src in node.srcs)
   return False

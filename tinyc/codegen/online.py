@@ -150,6 +150,6 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, grouped: li
       peak_keys = [tuple(key[key_axes[reduce].index(axis)] for axis in key_axes[group.peak]) for key in keys[reduce]]
       factors = [lin.alu(UnaryOps.EXP2, dtype, lin.alu(BinaryOps.MUL, dtype, lin.alu(BinaryOps.SUB, dtype, own_peaks[key], peaks[key]),
                                                      lin.const(scale, dtype))) for key in peak_keys]
-      rescaled = [lin.alu(BinaryOps.MUL, dtype, partial, factor) for partial, factor in zip(results[reduce], factors)]
-      results[reduce] = lin.group_reduce(reduce, rescaled, everyone=True)
+      scaled = [lin.alu(BinaryOps.MUL, dtype, partial, factor) for partial, factor in zip(results[reduce], factors)]
+      results[reduce] = lin.group_reduce(reduce, scaled, everyone=True)
   for reduce in members: outer.reduced[reduce] = (tuple(key_axes[reduce]), dict(zip(keys[reduce], results[reduce])))
