@@ -518,6 +518,19 @@ def test_heuristic_on_a_cpu_tiles_a_transposing_copy_8_by_8(tinyc_device):
   np.testing.assert_allclose(run_with_opts(ta.T.contiguous(), kernel.applied_opts), a.T)
   assert heuristic(ta.contiguous() + 1, KernelTarget())[1] == [], "a copy along one axis is LLVM's to vectorize"
 
+def test_heuristic_on_a_cpu_upcasts_an_output_axis_an_input_reads_with_no_one_stride(tinyc_device):
+  """Attention's dq, dk and dv, their heads put back in a row and side by side (a permute under a reshape, then a cat): along the
+  output's row an input's index divides and takes the remainder, which LLVM's loop vectorizer gives up on. Two vector registers'
+  lanes a trip, each lane's index a run's start plus the lane."""
+  arrays = [realized(2, 4, 16, 32, seed=seed) for seed in (10, 11, 12)]
+  rows = [t.permute(0, 2, 1, 3).reshape(2, 16, 128) for _, t in arrays]
+  out = rows[0].cat(rows[1], rows[2], dim=-1) * 2
+  kernel, _ = heuristic(out, KernelTarget())
+  assert kernel.applied_opts == [Opt(OptOps.UPCAST, 1, 16)], kernel.applied_opts
+  assert heuristic(Tensor.empty(32, 384) * 2, KernelTarget())[1] == [], "one stride: LLVM's loop to vectorize"
+  expected = np.concatenate([a.transpose(0, 2, 1, 3).reshape(2, 16, 128) for a, _ in arrays], -1) * 2
+  np.testing.assert_allclose(run_with_opts(out, kernel.applied_opts), expected)
+
 def test_heuristic_on_a_cpu_blocks_a_transposing_copy_whose_inner_loop_walks_over_256_rows(monkeypatch):
   monkeypatch.setenv("DEVICE", "LLVM")  # BLOCK orders a CPU's loops
   (a, ta) = realized(520, 48, seed=6)  # the output's rows are 520 of a's: 65 trips of 8

@@ -49,7 +49,7 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   elif kernel.axes(AxisKind.REDUCE):
     _cpu_register_tile(kernel, inputs)
     _cpu_block(kernel, inputs)
-  else: _transpose_tile(kernel, inputs)  # (other elementwise loops are vectorized by LLVM as they are)
+  elif not _transpose_tile(kernel, inputs): _gathered_lanes(kernel, inputs)  # (other elementwise loops are vectorized by LLVM as they are)
   return kernel.applied_opts
 
 # threads of a work-group along the queries of a kernel with nested contractions: 64 or 128 ran alike on the H200, none (the runtime's
@@ -146,6 +146,16 @@ def _transpose_tile(kernel: Kernel, inputs: list[int]) -> bool:
   for axis in (across[-1], out):  # the output's axis innermost: launch dimension 0
     if divisors := [a for a in range(2, 9) if kernel.full_shape[axis] % a == 0]: _try(kernel, Opt(OptOps.LOCAL, axis, divisors[-1]))
   return True
+
+def _gathered_lanes(kernel: Kernel, inputs: list[int]) -> None:
+  """A CPU elementwise kernel whose output is contiguous along an axis that an input reads with no one stride (a permute under a
+  reshape: attention's dq, dk and dv with their heads put back in a row): LLVM's loop vectorizer gives up on the division and remainder
+  in its index, and the loop ran a lane at a time. Upcast by two vector registers' lanes: within a run of the input as long, each lane's
+  index folds to the run's start plus the lane, and the SLP vectorizer packs the loads and stores. The GPT bench's cat of dq, dk and dv
+  (2048 x 384 from three 8x4x256x32, AVX2): 7.8 -> 1.5 ms; by 8 lanes 2.7, by 32 2.9."""
+  if (global_axes := kernel.axes(AxisKind.GLOBAL)) and _strides(kernel, 0)[out := global_axes[-1]] == 1 and \
+     any(_strides(kernel, i)[out] is None for i in inputs):
+    _try_upcast(kernel, [out], (2 * kernel.target.vector_lanes, kernel.target.vector_lanes, 4))
 
 def _strides(kernel: Kernel, number: int) -> tuple[int | None, ...]:
   """Buffer `number`'s strides ignoring masks: a padded input still walks memory with these strides where it is valid."""
