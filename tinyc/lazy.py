@@ -146,9 +146,8 @@ def _reduce_split(shape: tuple[int, ...], axis: tuple[int, ...]) -> tuple[int, i
 NESTED_MAX = 128  # a contraction's products (and lanes) that a kernel reading it may compute in its own loops (schedule rule 10)
 
 def _reads_a_product(buf: LazyBuffer, limit: int = 32) -> bool:
-  """Whether a value's elementwise ops (up to `limit` of them) read a matmul's result that is not realized and short enough to be
-  computed in the reader's loops (attention's scores): a sum of NESTED_MAX or fewer products of operands all read through an expand.
-  A longer one is stored by its own kernel (an MLP's hidden layer), which a split reader reads like any buffer."""
+  """Whether a value's elementwise ops (up to `limit` of them) read an unrealized sum of NESTED_MAX or fewer products of operands all
+  read through an expand (attention's scores), which rule 10 computes in the reader's loops; a longer one is stored by its own kernel."""
   stack, seen = [buf.base], 0
   while stack and seen < limit:
     node, seen = stack.pop(), seen + 1

@@ -92,11 +92,10 @@ def _nested_plan(kernel: Kernel) -> bool:
   amounts = [amount for amount in (8, 4, 2) if amount * len(own) <= NESTED_UNROLL] or [2]
   for index in reversed(own): next((amount for amount in amounts if _try(kernel, Opt(OptOps.UNROLL, index, amount))), None)
   if not shared: _try_upcast(kernel, rows()[-1:], (2,))
-  threads = NESTED_THREADS
   outer = [index for index, axis in enumerate(kernel.axes(AxisKind.REDUCE)) if not kernel.owners[axis] <= set(inner)]
   sixteen_bit = any(buf.dtype.itemsize == 2 for buf in kernel.bufs[kernel.n_outputs:] if isinstance(buf, MemBuffer))
-  if len(outer) == 1 and (online_groups(kernel) or sixteen_bit) and _try(kernel, Opt(OptOps.GROUP, outer[0], NESTED_GROUP)):
-    threads //= NESTED_GROUP
+  grouped = len(outer) == 1 and bool(online_groups(kernel) or sixteen_bit) and _try(kernel, Opt(OptOps.GROUP, outer[0], NESTED_GROUP))
+  threads = NESTED_THREADS // NESTED_GROUP if grouped else NESTED_THREADS
   if rows() and (divisors := [d for d in range(2, threads + 1) if kernel.full_shape[rows()[-1]] % d == 0]):
     _try(kernel, Opt(OptOps.LOCAL, rows()[-1], divisors[-1]))
   return True
@@ -148,11 +147,9 @@ def _transpose_tile(kernel: Kernel, inputs: list[int]) -> bool:
   return True
 
 def _gathered_lanes(kernel: Kernel, inputs: list[int]) -> None:
-  """A CPU elementwise kernel whose output is contiguous along an axis that an input reads with no one stride (a permute under a
-  reshape: attention's dq, dk and dv with their heads put back in a row): LLVM's loop vectorizer gives up on the division and remainder
-  in its index, and the loop ran a lane at a time. Upcast by two vector registers' lanes: within a run of the input as long, each lane's
-  index folds to the run's start plus the lane, and the SLP vectorizer packs the loads and stores. The GPT bench's cat of dq, dk and dv
-  (2048 x 384 from three 8x4x256x32, AVX2): 7.8 -> 1.5 ms; by 8 lanes 2.7, by 32 2.9."""
+  """A CPU elementwise kernel's output axis that an input reads with no one stride (a permute under a reshape) upcast by two vector
+  registers' lanes, so each lane's index folds to a run's start plus the lane and LLVM packs the loads (its loop vectorizer gave up on
+  the division and remainder). The GPT bench's cat of dq, dk and dv (2048 x 384, AVX2): 7.8 -> 1.5 ms; by 8 lanes 2.7, by 32 2.9."""
   if (global_axes := kernel.axes(AxisKind.GLOBAL)) and _strides(kernel, 0)[out := global_axes[-1]] == 1 and \
      any(_strides(kernel, i)[out] is None for i in inputs):
     _try_upcast(kernel, [out], (2 * kernel.target.vector_lanes, kernel.target.vector_lanes, 4))
@@ -211,8 +208,7 @@ def _broadcast_axes(kernel: Kernel, inputs: list[int]) -> list[int]:
 
 def _read_in_reduces(kernel: Kernel, inputs: list[int]) -> list[int]:
   """The inputs a reduce reads, the ones worth staging: a linear layer's bias is read after its sum, once an output."""
-  loaded = {node.arg for reduceop in kernel.reduceops for node in reduceop.src[0].walk()}
-  return [i for i in inputs if kernel.bufs[i] in loaded]
+  return [i for i in inputs if kernel.bufs[i] in {node.arg for reduceop in kernel.reduceops for node in reduceop.src[0].walk()}]
 
 def _try_upcast(kernel: Kernel, axes: list[int], amounts: tuple[int, ...]) -> int | None:
   """Upcast the last of `axes` that takes one of `amounts` (the first that divides it; 0, the whole axis, only up to 16): that axis."""

@@ -101,10 +101,9 @@ def _exp_scale(value: LazyOp, peak: LazyOp) -> float | None:
   return None
 
 def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, grouped: list[int], looped: list[int], unrolled: list[int]) -> None:
-  """The group's reduces in one walk of their axes: each trip, the new max of every row; each sum's accumulator scaled by
-  exp2((old max - new max) * scale) and the trip's values (computed with the new max) added. A max still -inf (every value so far
-  -inf: a masked key) is used as 0, so no -inf - -inf makes a nan. Where GROUP axes split the walk, the threads' maxes meet first,
-  then each thread's sums, scaled by exp2((its max - the group's max) * scale), meet as sums. Records every member's result in `outer`."""
+  """The group's reduces in one walk of their axes: each trip, the new max of every row; each sum's accumulator scaled by exp2((old max
+  - new max) * scale) and the trip's values (computed with the new max) added. A max still -inf (a masked key) is used as 0: no -inf -
+  -inf makes a nan. Split by GROUP axes, the threads' maxes meet, then their sums scaled to the group's max. Records the results in `outer`."""
   kernel, members = lin.kernel, (group.peak, *group.sums)
   key_axes = {reduce: [axis for axis in outer.lane_axes if axis in lin.value_axes(reduce)] for reduce in members}
   keys = {reduce: list(itertools.product(*[range(kernel.full_shape[axis]) for axis in key_axes[reduce]])) for reduce in members}
@@ -123,20 +122,21 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, grouped: li
     return folded
   trip_max = this_trip(group.peak, BinaryOps.MAX)
   minus_inf, zero = lin.const(dtypes.min(dtype), dtype), lin.const(0.0, dtype)
-  old, new, safe = {}, {}, {}
-  for key, acc in zip(keys[group.peak], accs[group.peak]):
-    old[key] = lin.uop(UOps.LOAD, dtype, (acc,), pure=False)
-    new[key] = lin.alu(BinaryOps.MAX, dtype, old[key], trip_max[key])
-    safe[key] = lin.alu(TernaryOps.WHERE, dtype, lin.alu(BinaryOps.CMPEQ, dtypes.bool, new[key], minus_inf), zero, new[key])
+  def usable(peak: UOp) -> UOp: return lin.alu(TernaryOps.WHERE, dtype, lin.alu(BinaryOps.CMPEQ, dtypes.bool, peak, minus_inf), zero, peak)
+  def rescaled(value: UOp, peak: UOp, new_peak: UOp, scale: float) -> UOp:  # value * exp2((peak - new_peak) * scale)
+    shift = lin.alu(BinaryOps.MUL, dtype, lin.alu(BinaryOps.SUB, dtype, peak, new_peak), lin.const(scale, dtype))
+    return lin.alu(BinaryOps.MUL, dtype, value, lin.alu(UnaryOps.EXP2, dtype, shift))
+  def peak_key(reduce: LazyOp, key: tuple[int, ...]) -> tuple[int, ...]: return tuple(key[key_axes[reduce].index(a)] for a in key_axes[group.peak])
+  old = {key: lin.uop(UOps.LOAD, dtype, (acc,), pure=False) for key, acc in zip(keys[group.peak], accs[group.peak])}
+  new = {key: lin.alu(BinaryOps.MAX, dtype, old[key], trip_max[key]) for key in keys[group.peak]}
+  safe = {key: usable(peak) for key, peak in new.items()}
   scope.reduced[group.peak] = (tuple(key_axes[group.peak]), safe)  # the sums' inputs read the running max
   for reduce in group.sums: lin.hoist(reduce.src[0], scope)
   for reduce, scale in zip(group.sums, group.scales):
     added = this_trip(reduce, BinaryOps.ADD)
     for key, acc in zip(keys[reduce], accs[reduce]):
-      peak_key = tuple(key[key_axes[reduce].index(axis)] for axis in key_axes[group.peak])
-      shift = lin.alu(BinaryOps.MUL, dtype, lin.alu(BinaryOps.SUB, dtype, old[peak_key], safe[peak_key]), lin.const(scale, dtype))
-      rescaled = lin.alu(BinaryOps.MUL, dtype, lin.uop(UOps.LOAD, dtype, (acc,), pure=False), lin.alu(UnaryOps.EXP2, dtype, shift))
-      lin.uop(UOps.STORE, None, (acc, lin.alu(BinaryOps.ADD, dtype, rescaled, added[key])), pure=False)
+      kept = rescaled(lin.uop(UOps.LOAD, dtype, (acc,), pure=False), old[peak_key(reduce, key)], safe[peak_key(reduce, key)], scale)
+      lin.uop(UOps.STORE, None, (acc, lin.alu(BinaryOps.ADD, dtype, kept, added[key])), pure=False)
   # the new max is stored last: C renderers name an accumulator's value by the accumulator, so every read of the old one comes first
   for key, acc in zip(keys[group.peak], accs[group.peak]): lin.uop(UOps.STORE, None, (acc, new[key]), pure=False)
   for loop in reversed(loops): lin.end(loop)
@@ -144,12 +144,9 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, grouped: li
   if grouped:
     own_peaks = dict(zip(keys[group.peak], results[group.peak]))
     results[group.peak] = lin.group_reduce(group.peak, results[group.peak], everyone=True)
-    peaks = {key: lin.alu(TernaryOps.WHERE, dtype, lin.alu(BinaryOps.CMPEQ, dtypes.bool, peak, minus_inf), zero, peak)
-             for key, peak in zip(keys[group.peak], results[group.peak])}
+    peaks = {key: usable(peak) for key, peak in zip(keys[group.peak], results[group.peak])}
     for reduce, scale in zip(group.sums, group.scales):  # a thread that saw no key (its max -inf) has sums of 0, and exp2(-inf) is 0
-      peak_keys = [tuple(key[key_axes[reduce].index(axis)] for axis in key_axes[group.peak]) for key in keys[reduce]]
-      factors = [lin.alu(UnaryOps.EXP2, dtype, lin.alu(BinaryOps.MUL, dtype, lin.alu(BinaryOps.SUB, dtype, own_peaks[key], peaks[key]),
-                                                     lin.const(scale, dtype))) for key in peak_keys]
-      scaled = [lin.alu(BinaryOps.MUL, dtype, partial, factor) for partial, factor in zip(results[reduce], factors)]
+      scaled = [rescaled(partial, own_peaks[peak_key(reduce, key)], peaks[peak_key(reduce, key)], scale)
+                for key, partial in zip(keys[reduce], results[reduce])]
       results[reduce] = lin.group_reduce(reduce, scaled, everyone=True)
   for reduce in members: outer.reduced[reduce] = (tuple(key_axes[reduce]), dict(zip(keys[reduce], results[reduce])))
