@@ -244,6 +244,17 @@ def test_single_reader_through_an_expand_still_recomputes():
   assert kernels_for(out) == 1
   np.testing.assert_allclose(out.numpy(), np.maximum(x, 0) @ w, rtol=1e-5, atol=1e-5)
 
+def test_a_value_of_constants_read_by_several_reduces_through_an_expand_is_recomputed():
+  # rule 2 stores a value several reduces read along their output axes, but a causal mask (tril of ones) reads no memory: it is
+  # index math, recomputed in each kernel, where the linearizer can bound a reduce's loop by it (section 6)
+  (x, y), (tx, ty) = realized_inputs((4, 16, 16), (4, 16, 16))
+  mask = Tensor.ones(16, 16).tril()
+  first, second = (tx * mask).sum(2), (ty * mask).max(1)
+  assert len(kernel_items(first, second)) == 2
+  Tensor.corealize([first, second])
+  np.testing.assert_allclose(first.numpy(), (x * np.tril(np.ones((16, 16)))).sum(2), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(second.numpy(), (y * np.tril(np.ones((16, 16)))).max(1), rtol=1e-5, atol=1e-6)
+
 def test_numpy_of_a_realized_reshape_view_runs_no_kernel():
   # found while writing the indexing tests: a reduce leaves a (2, 4, 1) base seen as (2, 4); reading it copied it first
   (a,), (ta,) = realized_inputs((2, 3, 4))

@@ -37,6 +37,11 @@ class TestSimplify:
     assert (z % 8) == z and ((x % 8) % 4) == x % 4 and ((x % 8) // 4) == (x // 4) % 2
     assert_render((x * 2) // 6, "(x/3)")
     assert_render((x * 6) % 4, "((x*2)%4)")
+  def test_mod_of_a_coefficient_just_under_the_divisor(self):
+    # 11z = 12z - z: (11z + y + 7) % 12 is y - z + 7, which stays in [0, 12) (a flipped row of a sliding window: a causal mask)
+    assert ((z * 11 + y + 7) % 12) == y - z + 7
+    assert isinstance((x * 11 + y + 5) % 12, ModNode)  # y - x + 5 spans [-4, 8]: two periods, still a mod
+    for a, b in itertools.product(range(10), range(4)): assert sym_infer((x * 11 + y + 5) % 12, {x: a, y: b}) == (11 * a + b + 5) % 12
   def test_negative_numerator_is_floor(self):
     # x - 5 spans [-5, 4]: Node // and % use Python floor semantics; the DivNode inside has a nonnegative numerator
     node = (x - 5) // 3

@@ -70,7 +70,8 @@ def decide(base: LazyBuffer, site: Site, consumers: int, realize: bool, stored: 
     return how
   if base.op in UNSAFE_PAD_OPS and _has_mask(site.st):
     return Decision(Fusion.REALIZE, f"rule 4: it is seen through a pad and f(0) != 0 for {base.op.name}")
-  if site.enclosing is not None and prod(base.shape) > 1 and _expanded_outside(site.st, site.enclosing) and not _feeds_nesting(base, site, realizes):
+  if (site.enclosing is not None and prod(base.shape) > 1 and _expanded_outside(site.st, site.enclosing) and _reads_memory(base)
+      and not _feeds_nesting(base, site, realizes)):
     if consumers > 1:
       return Decision(Fusion.REALIZE, "rule 2: several kernels read it and a reduce reads it through an expand along an output axis, "
                                       "which would recompute it once per output element (a single value is recomputed)")
@@ -250,6 +251,17 @@ def _transcendental(base: LazyBuffer, limit: int = 64) -> bool:
   while stack and len(seen) < limit:
     if (node := stack.pop()) in seen or node.realized is not None or not isinstance(node.op, ElementwiseOps): continue
     if node.op in TRANSCENDENTAL: return True
+    seen.add(node)
+    stack.extend(src.base for src in node.srcs)
+  return False
+
+def _reads_memory(base: LazyBuffer, limit: int = 64) -> bool:
+  """Whether computing `base` reads a stored value or a reduce: not a value of constants and their views alone (a causal mask), which
+  rule 2 recomputes wherever it is read, as index math (and a reduce's loop may end where such a mask does, section 6)."""
+  stack, seen = [base], set[LazyBuffer]()
+  while stack:
+    if (node := stack.pop()) in seen or node.realized is None and node.op is LoadOps.CONST: continue
+    if node.realized is not None or not isinstance(node.op, ElementwiseOps) or len(seen) >= limit: return True
     seen.add(node)
     stack.extend(src.base for src in node.srcs)
   return False

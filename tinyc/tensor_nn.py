@@ -206,15 +206,21 @@ class NNMixin:
   def triu(self: Any, k: int = 0) -> Any:
     """Keep the elements on and above the k-th diagonal of the last two dims."""
     if self.ndim < 2: raise RuntimeError(f"triu: input tensor must have at least 2 dimensions, got shape {self.shape}")
-    rows, cols = self.shape[-2:]
-    upper = type(self).arange(rows, device=self.device).reshape(rows, 1) + k <= type(self).arange(cols, device=self.device).reshape(1, cols)
-    return upper.where(self, 0).cast(self.dtype)
+    return self._diagonals(k, lower=False).where(self, 0).cast(self.dtype)
   def tril(self: Any, k: int = 0) -> Any:
     """Keep the elements on and below the k-th diagonal of the last two dims."""
     if self.ndim < 2: raise RuntimeError(f"tril: input tensor must have at least 2 dimensions, got shape {self.shape}")
+    return self._diagonals(k, lower=True).where(self, 0).cast(self.dtype)
+  def _diagonals(self: Any, k: int, lower: bool) -> Any:
+    """A (rows, cols) bool mask, True where col - row <= k (lower) or >= k, made of index math and no buffer: row i reads a line of
+    the diagonals' flags from rows - 1 - i on, a view of a padded constant, so a kernel's mask is `col - row < k + 1` (a reduce loop
+    over the masked columns or rows then ends or starts there, section 6)."""
     rows, cols = self.shape[-2:]
-    lower = type(self).arange(rows, device=self.device).reshape(rows, 1) + k >= type(self).arange(cols, device=self.device).reshape(1, cols)
-    return lower.where(self, 0).cast(self.dtype)
+    width = rows + cols  # diagonal col - row sits at rows - 1 + col - row of the line, in [0, rows + cols - 2]
+    edge = min(max(rows + k if lower else rows - 1 + k, 0), width)
+    line = type(self).ones(edge if lower else width - edge, dtype=dtypes.bool, device=self.device).pad(((0, width - edge) if lower else (edge, 0),))
+    windows = line.reshape(1, width).expand(rows + 1, width).flatten().shrink(((0, rows * (width + 1)),)).reshape(rows, width + 1)
+    return windows.shrink(((0, rows), (0, cols))).flip(0)  # windows[i][j] = line[i + j], flipped: line[rows - 1 - i + j]
   def scaled_dot_product_attention(self: Any, key: Any, value: Any, attn_mask: Any | None = None, dropout_p: float = 0.0,
                                    is_causal: bool = False) -> Any:
     """softmax(q @ k^T / sqrt(d) + mask) @ v, like torch.nn.functional.scaled_dot_product_attention (bool masks keep True)."""

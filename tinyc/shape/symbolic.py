@@ -230,7 +230,12 @@ class SumNode(RedNode):
   def _mod(self, b: int) -> Node:
     reduced = Node.sum([NumNode(term.b % b) if isinstance(term, NumNode) else
                         term.a * (term.b % b) if isinstance(term, MulNode) and isinstance(term.b, int) else term for term in self.nodes])
-    return create_node(ModNode(self, b)) if reduced == self else reduced % b  # (x*4 + y)%4 -> y%4
+    if reduced != self: return reduced % b  # (x*4 + y)%4 -> y%4
+    # a coefficient over half of b is a small negative one, and the sum may then stay within one period: (x*11 + y + 9)%12 -> y - x + 9
+    centered = Node.sum([term.a * (term.b - b) if isinstance(term, MulNode) and isinstance(term.b, int) and 2 * term.b > b else term
+                         for term in self.nodes])
+    if centered != self and centered.min // b == centered.max // b: return centered - b * (centered.min // b)
+    return create_node(ModNode(self, b))
 
 class AndNode(RedNode):
   """1 if every node is nonzero else 0."""
