@@ -95,6 +95,8 @@ CASES = {  # q, k, v shapes, mask kind
   "bool_mask": ((2, 2, 12, 8), (2, 2, 15, 8), (2, 2, 15, 8), "bool"),
   "float_mask": ((2, 2, 12, 8), (2, 2, 15, 8), (2, 2, 15, 8), "float"),
   "head_dim_128": ((1, 2, 24, 128), (1, 2, 24, 128), (1, 2, 24, 128), "causal"),
+  "tril_mask": ((1, 2, 20, 8), (1, 2, 26, 8), (1, 2, 26, 8), 3),  # index-math masks: keys up to 3 past the diagonal, or from 4 before it
+  "triu_mask": ((1, 2, 20, 8), (1, 2, 26, 8), (1, 2, 26, 8), -4),
   "three_dims": ((3, 10, 32), (3, 19, 32), (3, 19, 16), None),
 }
 
@@ -108,6 +110,10 @@ def test_attention_forward_and_backward_match_torch(name, tinyc_device):
     keep = np.random.default_rng(1).random((q_shape[-2], k_shape[-2])) < 0.6
     keep[:, 0] = True  # no row masked out entirely (0/0 in torch too)
     kwargs, torch_kwargs = {"attn_mask": Tensor(keep)}, {"attn_mask": torch.tensor(keep)}
+  elif isinstance(mask, int):
+    band = (lambda t: t.tril(mask)) if mask >= 0 else (lambda t: t.triu(mask))
+    kwargs = {"attn_mask": band(Tensor.ones(q_shape[-2], k_shape[-2])).cast(dtypes.bool)}
+    torch_kwargs = {"attn_mask": band(torch.ones(q_shape[-2], k_shape[-2])).bool()}
   elif mask == "float":
     bias, = arrays((q_shape[-2], k_shape[-2]), seed=3)
     masks = [Tensor(bias, requires_grad=True), torch.tensor(bias, requires_grad=True)]
@@ -124,6 +130,32 @@ def test_attention_forward_and_backward_match_torch(name, tinyc_device):
   np.testing.assert_allclose(out.numpy(), reference.detach().numpy(), rtol=1e-4, atol=1e-5)
   for got, want in zip(grads, [rq.grad, rk.grad, rv.grad] + ([masks[1].grad] if masks else [])):
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-3, atol=1e-4)
+
+def test_a_causal_mask_bounds_each_attention_kernels_loop():
+  """Causal attention's kernels skip the masked trips: the forward's and dq's loops over the keys end at the row's last key, dk's and
+  dv's loops over the queries start at the key's row (bounds.py); a mask loaded from memory bounds nothing."""
+  q, k, v, g = arrays((1, 2, 64, 16), (1, 2, 64, 16), (1, 2, 64, 16), (1, 2, 64, 16))
+  for causal in (True, False):
+    tq, tk, tv = (Tensor(a, requires_grad=True) for a in (q, k, v))
+    mask = {"is_causal": True} if causal else {"attn_mask": Tensor(np.tril(np.ones((64, 64), bool)))}
+    out = tq.scaled_dot_product_attention(tk, tv, **mask)
+    (out * Tensor(g)).sum().backward()
+    bounded = []  # of each loop over 64 keys or queries (the log-sum-exp's, the output's, dq's, dk's, dv's)
+    for item in items_of(out, tq.grad, tk.grad, tv.grad):
+      uops = Linearizer(Kernel(item.ast)).linearize()
+      loops = [uop for uop in uops if uop.op is UOps.LOOP and uop.arg.trips == 64 and uop.arg.name.startswith("ridx")]
+      bounded += [not (loop.src[0].op is loop.src[1].op is UOps.CONST) for loop in loops]
+    assert bounded == [causal] * 5, bounded
+
+@pytest.mark.parametrize("diagonal", [-70, -9, 0, 5, 40])
+def test_reduces_under_an_index_mask_match_numpy(diagonal, tinyc_device):
+  """A sum and a max under tril/triu masks, where some rows keep nothing: a row's loop then has no trips (its start past its end)."""
+  x, = arrays((2, 24, 40))
+  for name in ("tril", "triu"):
+    keep = getattr(np, name)(np.ones((24, 40), bool), diagonal)
+    mask = getattr(Tensor.ones(24, 40), name)(diagonal)
+    np.testing.assert_allclose((Tensor(x) * mask).sum(-1).numpy(), (x * keep).sum(-1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(mask.cast(dtypes.bool).where(Tensor(x), -np.inf).max(1).numpy(), np.where(keep, x, -np.inf).max(1))
 
 def test_logsumexp_matches_torch():
   x, = arrays((4, 7))

@@ -19,6 +19,7 @@ from tinyc.codegen.uops import (PACKED_16_BIT, PYTHON_ALU, VECTOR_WIDTH, GlobalB
 from tinyc.codegen.tiles import Tile, define_tile, enter_trip, leave_trip, load_tiles, mma, start_tile_copies, store_tiles, wgmma
 from tinyc.codegen.packing import LOADED_DTYPES, pack, packed_axis
 from tinyc.codegen.online import online_groups, online_reduce
+from tinyc.codegen.bounds import identity_masks, loop_range
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
 IDENTITY = {BinaryOps.ADD: 0, BinaryOps.MUL: 1}
@@ -106,12 +107,12 @@ class Linearizer:
     if value.op is UOps.CONST: return self.const(value.arg, dtype)
     return self.uop(UOps.CAST, dtype, (value,))
 
-  def loop(self, name: str, size: sint, axis: int | None, outermost_global: bool = False) -> UOp:
+  def loop(self, name: str, size: sint, axis: int | None, outermost_global: bool = False, bounds: tuple[UOp, UOp] | None = None) -> UOp:
     # LLVM should vectorize across the trips only of a long loop along which every buffer moves by 0 or 1 elements: otherwise
     # it takes gathers or masked tails, and packing the upcast lanes (SLP) is the better plan
     vectorize = axis is not None and sym_max(size) >= 16 and all(
       st.real_strides()[axis] in (0, 1) for st, buf in zip(self.kernel.sts, self.kernel.bufs) if isinstance(buf, MemBuffer))
-    bounds = (self.const(0, self.index_dtype), self.index(size) if isinstance(size, Node) else self.const(size, self.index_dtype))
+    bounds = bounds or (self.const(0, self.index_dtype), self.index(size) if isinstance(size, Node) else self.const(size, self.index_dtype))
     loop = self.uop(UOps.LOOP, self.index_dtype, bounds, Loop(name, vectorize, outermost_global, size), pure=False)
     self.loop_uops[name] = loop
     self._open_loops.append(loop)
@@ -273,15 +274,18 @@ class Linearizer:
     for reduceop in self.kernel.reduceops:  # sources first: a reduce another one reads is computed out here, once
       if reduceop in inside and reduceop not in scope.reduced and self.value_axes(reduceop) <= ready: self.reduce(reduceop, scope)
 
-  def walk_loops(self, axes: list[int], hoisted: LazyOp, scope: Scope) -> list[UOp]:
-    """Open a loop for each axis (binding its index in `scope`), computing the reduces of `hoisted` as soon as they can be."""
-    loops = []
+  def walk_loops(self, axes: list[int], hoisted: LazyOp, scope: Scope, reduces: tuple[LazyOp, ...] = ()) -> list[UOp]:
+    """Open a loop for each axis (binding its index in `scope`), computing the reduces of `hoisted` as soon as they can be. The loops
+    of `reduces` leave out the trips where a mask makes each of their inputs its identity (bounds.py)."""
+    loops, masks = [], identity_masks(self, reduces) if reduces and not self.tiles and not self.kernel.axes(AxisKind.TC) else []
     self.hoist(hoisted, scope)
-    for axis in axes:
-      name = f"ridx{axis}"
+    for number, axis in enumerate(axes):
+      name, size = f"ridx{axis}", self.kernel.full_shape[axis]
       while any(loop.arg.name == name for loop in self._open_loops): name += "_"  # a loop nested in another over the same axis
-      loops.append(self.loop(name, self.kernel.full_shape[axis], axis))
-      scope.bound[axis] = Variable(name, 0, sym_max(self.kernel.full_shape[axis]) - 1)
+      index = Variable(name, 0, sym_max(size) - 1)
+      bounds = loop_range(self, scope, axis, index, axes[number + 1:], masks) if masks and isinstance(size, int) else None
+      loops.append(self.loop(name, size, axis, bounds=bounds))
+      scope.bound[axis] = index
       self.hoist(hoisted, scope)
     return loops
 
@@ -314,7 +318,7 @@ class Linearizer:
     if serial: barriers = cast(UOp, self._stage_barriers)  # (started before the loop over the tiles)
     elif tensor_cores: barriers = start_tile_copies(self, scope.bound, looped)  # the first stages - 1 trips' tiles, before the loops
     elif self.tiles: store_tiles(self, load_tiles(self, scope.bound, looped, NumNode(0)))  # the first trip's, before the loops
-    loops = self.walk_loops(looped, reduceop.src[0], scope)
+    loops = self.walk_loops(looped, reduceop.src[0], scope, (reduceop,))
     counted = serial + looped  # trips count on across a persistent kernel's tiles
     trip = flatten_node([scope.bound[axis] for axis in counted], [kernel.full_shape[axis] for axis in counted])
     if tensor_cores: scope.tile_stage = enter_trip(self, barriers, scope.bound, looped, trip)

@@ -237,7 +237,7 @@ def _render_llvm(function_name: str, uops: list[UOp]) -> str:
   values: dict[UOp, Any] = {}  # UOp -> its llvmlite value
   no_vectorize_option = module.add_metadata(["llvm.loop.vectorize.enable", ir.Constant(ir.IntType(1), 0)])
   loop_ids: list[Any] = []
-  loop_state: dict[UOp, tuple[ir.Block, ir.PhiInstr, ir.Value]] = {}  # LOOP -> (its body block, its counter, its end)
+  loop_state: dict[UOp, tuple[ir.Block, ir.PhiInstr, ir.Value, ir.Block]] = {}  # LOOP -> (its body block, its counter, its end, after it)
   for uop in uops:
     src: list[Any] = [values.get(s) for s in uop.src]
     dtype = uop.dtype if uop.dtype is not None else dtypes.bool  # (ops without a dtype do not read it)
@@ -249,17 +249,19 @@ def _render_llvm(function_name: str, uops: list[UOp]) -> str:
       builder.store(_constant(uop.arg, dtype), values[uop])  # reset each time the enclosing loops reach it
     elif uop.op is UOps.LOOP:
       preheader, body = builder.block, function.append_basic_block(f"loop_{uop.arg.name}")
-      builder.branch(body)
-      builder.position_at_end(body)
+      exit_block = function.append_basic_block(f"after_{uop.arg.name}")
       start, end = outer_bounds if uop is outer_loop else src[:2]
+      if uop is not outer_loop and not (uop.src[0].op is uop.src[1].op is UOps.CONST and uop.src[0].arg < uop.src[1].arg):
+        builder.cbranch(builder.icmp_signed("<", start, end), body, exit_block)  # a loop of bounds.py may have no trips
+      else: builder.branch(body)  # (a loop of constant bounds has trips: the test is at its end)
+      builder.position_at_end(body)
       counter = builder.phi(register_type(dtype), name=uop.arg.name)
       counter.add_incoming(start, preheader)
-      values[uop], loop_state[uop] = counter, (body, counter, end)
+      values[uop], loop_state[uop] = counter, (body, counter, end, exit_block)
     elif uop.op is UOps.END:
-      body, counter, end = loop_state[uop.src[0]]
+      body, counter, end, exit_block = loop_state[uop.src[0]]
       following = builder.add(counter, ir.Constant(counter.type, 1))
       loop = uop.src[0].arg
-      exit_block = function.append_basic_block(f"after_{loop.name}")
       latch = builder.cbranch(builder.icmp_signed("<", following, end), body, exit_block)
       if not loop.vectorize:
         loop_ids.append(module.add_metadata([no_vectorize_option, module.add_metadata(["tinyc.loop", loop.name])]))  # one id a loop

@@ -110,7 +110,7 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, grouped: li
   accs = {reduce: lin.define_accs(reduce, len(keys[reduce])) for reduce in members}
   bound = outer.bound | {axis: lin.thread_idxs[axis] for axis in grouped}
   scope = type(outer)(bound, sorted(set(unrolled).union(*key_axes.values())), dict(outer.reduced))
-  loops = lin.walk_loops(looped, group.peak.src[0], scope)
+  loops = lin.walk_loops(looped, group.peak.src[0], scope, members)
   dtype = group.peak.dtype
   def this_trip(reduce: LazyOp, op: BinaryOps) -> dict[tuple[int, ...], UOp]:
     """The reduce's input this trip, its unrolled lanes folded by `op` into one value per key (its own lanes, not every member's)."""
