@@ -147,6 +147,27 @@ def test_a_causal_mask_bounds_each_attention_kernels_loop():
       bounded += [not (loop.src[0].op is loop.src[1].op is UOps.CONST) for loop in loops]
     assert bounded == [causal] * 5, bounded
 
+def test_a_work_groups_threads_share_one_bounded_range():
+  """On a GPU the threads of a work-group walk one range (from the earliest start to the latest end of theirs): threads with ranges
+  of their own would read rows 32 apart each trip, not one row a warp together (H200: causal SDPA 2x slower, not faster)."""
+  q, k, v, g = arrays(*[(1, 2, 256, 64)] * 4)
+  tq, tk, tv = (Tensor(a, requires_grad=True) for a in (q, k, v))
+  out = tq.scaled_dot_product_attention(tk, tv, is_causal=True)
+  (out * Tensor(g)).sum().backward()
+  bounds = []
+  for item in items_of(out, tq.grad, tk.grad, tv.grad):
+    kernel = Kernel(item.ast, KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST))
+    hand_coded_optimizations(kernel)
+    uops = Linearizer(kernel, threads=True).linearize()
+    for loop in (uop for uop in uops if uop.op is UOps.LOOP and not (uop.src[0].op is uop.src[1].op is UOps.CONST)):
+      assert kernel.axes(AxisKind.LOCAL)
+      bounds.append({uop.arg.kind.name for src in loop.src[:2] for uop in _sources(src) if uop.op is UOps.SPECIAL})
+  assert len(bounds) == 5 and all(kinds == {"GROUP"} for kinds in bounds), bounds  # work-group ids, no thread's own id
+
+def _sources(uop):
+  yield uop
+  for src in uop.src: yield from _sources(src)
+
 @pytest.mark.parametrize("diagonal", [-70, -9, 0, 5, 40])
 def test_reduces_under_an_index_mask_match_numpy(diagonal, tinyc_device):
   """A sum and a max under tril/triu masks, where some rows keep nothing: a row's loop then has no trips (its start past its end)."""

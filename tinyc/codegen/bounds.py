@@ -9,8 +9,9 @@ import math
 from typing import TYPE_CHECKING, Any, Iterable
 from tinyc.dtype import dtypes
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, ReduceOps, TernaryOps, UnaryOps
-from tinyc.shape.symbolic import AndNode, LtNode, MulNode, Node, SumNode, Variable
+from tinyc.shape.symbolic import AndNode, LtNode, MulNode, Node, NumNode, SumNode, Variable
 from tinyc.codegen.uops import PYTHON_ALU, UOp, UOps, cast_python_value
+from tinyc.codegen.axes import AxisKind
 if TYPE_CHECKING:
   from tinyc.codegen.linearizer import Linearizer, Scope
 
@@ -57,6 +58,9 @@ def loop_range(lin: Linearizer, scope: Scope, axis: int, index: Variable, later:
   mask of `masks` is 0 in every lane; None where its clauses bound nothing."""
   size = lin.kernel.full_shape[axis]
   inner = {a: Variable(f"inner{a}", 0, lin.kernel.full_shape[a] - 1) for a in later}
+  # a work-group's threads share one range: each trip they read one key's row together (one broadcast load a warp), which threads
+  # walking ranges of their own (a key's gradient from its own row on) would read 32 rows apart (H200: 2x slower, not faster)
+  shared = {node for a in lin.kernel.axes(AxisKind.LOCAL, AxisKind.GROUP) if isinstance(node := lin.thread_idxs[a], Variable)}
   probe = type(scope)(scope.bound | {axis: index} | inner, scope.lane_axes, scope.reduced)
   lanes = []  # each lane's starts and ends, one a clause that bounds anything: the lane runs from the latest start to the earliest end
   for idxs in lin.lanes(probe).idxs:
@@ -64,25 +68,27 @@ def loop_range(lin: Linearizer, scope: Scope, axis: int, index: Variable, later:
     for mask in masks:
       valid = lin.kernel.sts[lin.buffer_numbers[mask]].expr_idxs(idxs)[1]
       clauses += [bound for clause in (valid.nodes if isinstance(valid, AndNode) else [valid])
-                  if (bound := _clause_bound(clause, index, set(inner.values()))) is not None]
+                  if (bound := _clause_bound(clause, index, set(inner.values()), shared)) is not None]
     lanes.append(([node for is_start, node in clauses if is_start and node.max > 0],
                   [node for is_start, node in clauses if not is_start and node.min < size]))
   # a trip runs where any lane may be valid: from the earliest start of the lanes to the latest end
   zero, full = lin.const(0, lin.index_dtype), lin.const(size, lin.index_dtype)
-  start = lin.alu(BinaryOps.MAX, lin.index_dtype, _fold(lin, [s for s, _ in lanes], True), zero) if all(s for s, _ in lanes) else zero
-  end = _smaller(lin, _fold(lin, [e for _, e in lanes], False), full) if all(e for _, e in lanes) else full
+  starts, ends = [s for s, _ in lanes], [e for _, e in lanes]
+  start, end = _fold(lin, starts, True) if all(starts) else zero, _fold(lin, ends, False) if all(ends) else full
+  if any(node.min < 0 for nodes in starts for node in nodes): start = lin.alu(BinaryOps.MAX, lin.index_dtype, start, zero)
+  if any(node.max > size for nodes in ends for node in nodes): end = _smaller(lin, end, full)
   return None if start.op is UOps.CONST and end.op is UOps.CONST else (start, end)
 
-def _clause_bound(clause: Node, index: Variable, inner: set[Variable]) -> tuple[bool, Node] | None:
-  """(True, start) or (False, end) of `index` where `c index + rest < b` holds, for a clause linear in `index` with `rest` free of
-  `inner`'s loops; None otherwise."""
+def _clause_bound(clause: Node, index: Variable, inner: set[Variable], shared: set[Variable]) -> tuple[bool, Node] | None:
+  """(True, start) or (False, end) of `index` where `c index + rest < b` holds for some value of the `shared` thread ids, for a clause
+  linear in `index` with `rest` free of `inner`'s loops; None otherwise."""
   if not isinstance(clause, LtNode) or not isinstance(clause.b, int): return None
   coefficient, rest = 0, []
   for term in clause.a.nodes if isinstance(clause.a, SumNode) else [clause.a]:
     if term == index: coefficient += 1
     elif isinstance(term, MulNode) and term.a == index and isinstance(term.b, int): coefficient += term.b
     elif index in term.vars(): return None
-    else: rest.append(term)
+    else: rest.append(NumNode(term.min) if term.vars() & shared else term)  # the least rest: the earliest start, the latest end
   others = Node.sum(rest)
   if coefficient == 0 or others.vars() & inner: return None
   if coefficient > 0: return False, (-others + (clause.b + coefficient - 1)) // coefficient  # index < (b - rest) / c, rounded up
