@@ -164,6 +164,24 @@ def test_a_work_groups_threads_share_one_bounded_range():
       bounds.append({uop.arg.kind.name for src in loop.src[:2] for uop in _sources(src) if uop.op is UOps.SPECIAL})
   assert len(bounds) == 5 and all(kinds == {"GROUP"} for kinds in bounds), bounds  # work-group ids, no thread's own id
 
+def test_a_gpu_short_of_a_waves_threads_splits_the_keys_of_more_attention_kernels():
+  """Where a nested kernel's threads fall short of a wave of the device (NESTED_WAVE a compute unit), its rows are long chains that
+  splitting the keys shortens: dv (one nested reduce, features upcast) splits them between 2 threads and the log-sum-exp (no
+  features) among 4; dq and dk (two nested reduces) do not. On a device with one compute unit the same kernels are not split."""
+  q, k, v, g = arrays(*[(1, 2, 256, 64)] * 4)
+  tq, tk, tv = (Tensor(a, requires_grad=True) for a in (q, k, v))
+  out = tq.scaled_dot_product_attention(tk, tv, is_causal=True)
+  (out * Tensor(g)).sum().backward()
+  nested = [item.ast for item in items_of(out, tq.grad, tk.grad, tv.grad) if sum(op.op in ReduceOps for op in item.ast.walk()) > 1]
+  def groups(units: int) -> list[int]:
+    splits = []
+    for ast in nested:
+      kernel = Kernel(ast, KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST, compute_units=units))
+      splits.append(prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GROUP)) if hand_coded_optimizations(kernel) else 0)
+    return sorted(splits)
+  assert groups(1) == [1, 1, 1, 2, 2]  # dq, dk and dv; the log-sum-exp and the output (their max and sums in one loop)
+  assert groups(132) == [1, 1, 2, 2, 4]
+
 def _sources(uop):
   yield uop
   for src in uop.src: yield from _sources(src)

@@ -64,6 +64,11 @@ NESTED_UNROLL = 8
 # -> 29.0, dq, dk and dv 0.54, 0.63, 0.47 -> 0.44, 0.38, 0.27 / 17.1, 20.2, 12.9 -> 14.0, 17.7, 12.5. Not the float32 backward's (0.45-0.57
 # -> 0.65-0.67 / 19.3-20.7 -> 22.9-25.9), nor by 4 (slower than by 2 in all but the log-sum-exp)
 NESTED_GROUP = 2
+# threads a compute unit of a wave: a nested kernel with fewer threads splits its keys in any case (its rows, causal ones above all,
+# are long chains), by 2 NESTED_GROUPs where no features make its threads' partials many. H200 8x6x512x64 (a wave of 384 work-groups)
+# ms: float32 dv 0.505 -> 0.393, log-sum-exp 0.212 -> 0.184 by 4 (bfloat16 0.313 -> 0.196); at 8x16x2048x64 (waves of them) dv by 2
+# ran 7.70 -> 9.59, the log-sum-exp by 4 4.64 -> 4.75. Not dq and dk, two nested reduces (by 2 at 512: 0.463, 0.415 -> 0.448, 0.457)
+NESTED_WAVE = 256
 
 def _nested_plan(kernel: Kernel) -> bool:
   """A kernel with reduces nested in another's loop with loops of their own (schedule rule 10: attention's scores q.k, the backward's
@@ -94,7 +99,10 @@ def _nested_plan(kernel: Kernel) -> bool:
   if not shared: _try_upcast(kernel, rows()[-1:], (2,))
   outer = [index for index, axis in enumerate(kernel.axes(AxisKind.REDUCE)) if not kernel.owners[axis] <= set(inner)]
   sixteen_bit = any(buf.dtype.itemsize == 2 for buf in kernel.bufs[kernel.n_outputs:] if isinstance(buf, MemBuffer))
-  grouped = len(outer) == 1 and bool(online_groups(kernel) or sixteen_bit) and _try(kernel, Opt(OptOps.GROUP, outer[0], NESTED_GROUP))
+  short = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GLOBAL)) < kernel.target.compute_units * NESTED_WAVE
+  split = NESTED_GROUP * (2 if short and not shared else 1)
+  splits = online_groups(kernel) or sixteen_bit or short and len(inner) == 1
+  grouped = len(outer) == 1 and bool(splits) and _try(kernel, Opt(OptOps.GROUP, outer[0], split))
   threads = NESTED_THREADS // NESTED_GROUP if grouped else NESTED_THREADS
   if rows() and (divisors := [d for d in range(2, threads + 1) if kernel.full_shape[rows()[-1]] % d == 0]):
     _try(kernel, Opt(OptOps.LOCAL, rows()[-1], divisors[-1]))
