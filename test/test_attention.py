@@ -196,6 +196,26 @@ def test_reduces_under_an_index_mask_match_numpy(diagonal, tinyc_device):
     np.testing.assert_allclose((Tensor(x) * mask).sum(-1).numpy(), (x * keep).sum(-1), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(mask.cast(dtypes.bool).where(Tensor(x), -np.inf).max(1).numpy(), np.where(keep, x, -np.inf).max(1))
 
+@pytest.mark.parametrize("loaded", [True, False])
+def test_a_row_that_masks_every_key_attends_to_nothing_as_in_torch(loaded, tinyc_device):
+  """torch's scaled_dot_product_attention gives 0, and 0 gradients, for a query whose every key is masked (not softmax's nan): a
+  padding mask's rows. For a mask loaded from memory and for an index mask (triu: the last rows keep nothing), at a size the scheduler
+  fuses (online softmax, the max -inf read as 0) and one it does not."""
+  for shape in ((2, 2, 12, 8), (1, 2, 40, 16)):
+    q, k, v, g = arrays(shape, shape, shape, shape)
+    rows = shape[-2]
+    keep = np.triu(np.ones((rows, rows), bool), rows - 3)
+    mask = Tensor(keep) if loaded else Tensor.ones(rows, rows).triu(rows - 3).cast(dtypes.bool)
+    tq, tk, tv = (Tensor(a, requires_grad=True) for a in (q, k, v))
+    out = tq.scaled_dot_product_attention(tk, tv, attn_mask=mask)
+    (out * Tensor(g)).sum().backward()
+    rq, rk, rv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    reference = torch.nn.functional.scaled_dot_product_attention(rq, rk, rv, attn_mask=torch.tensor(keep))
+    (reference * torch.tensor(g)).sum().backward()
+    np.testing.assert_allclose(out.numpy(), reference.detach().numpy(), rtol=1e-4, atol=1e-5)
+    for got, want in zip((tq.grad, tk.grad, tv.grad), (rq.grad, rk.grad, rv.grad)):
+      np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-3, atol=1e-4)
+
 def test_logsumexp_matches_torch():
   x, = arrays((4, 7))
   tx, rx = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)

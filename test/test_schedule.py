@@ -6,7 +6,7 @@ import ast_reference
 from tinyc import Tensor, GlobalCounters, nn, realize
 from tinyc.device import Device
 from tinyc.nn.optim import AdamW
-from tinyc.helpers import Context
+from tinyc.helpers import Context, prod
 from tinyc.codegen.kernel import Kernel
 from tinyc.codegen.linearizer import Linearizer
 from tinyc.codegen.uops import UOps
@@ -401,6 +401,16 @@ def test_a_gpu_splits_a_weight_gradient_that_reads_a_stored_matmul():
   x, w, grad = (Tensor.empty(*shape, device="GPU") for shape in ((4096, 256), (256, 512), (4096, 256)))
   shapes = [item.outs[0].shape for item in kernel_items((x @ w).relu().T @ grad)]
   assert shapes == [(4096, 512, 1), (16, 512, 256, 1), (512, 256, 1)], shapes
+
+def test_a_gpu_does_not_split_causal_attention_that_reads_its_scores_by_many_paths():
+  """Split-K's walk up to the scores counts each op once: the backward's probabilities reach them through the log-sum-exp (its max, and
+  the tests of a row that keeps nothing) and directly, and a walk that counted every path gave up before it got there, then split dv's
+  sum over the queries and stored the T x T probabilities. A GPT block's attention, forward and backward, scheduled for a GPU."""
+  if not Device.usable("GPU"): pytest.skip("GPU is not usable here")
+  q, k, v = (Tensor.empty(8, 6, 512, 64, device="GPU", requires_grad=True) for _ in range(3))
+  (q.scaled_dot_product_attention(k, v, is_causal=True) * Tensor.empty(8, 6, 512, 64, device="GPU")).sum().backward()
+  shapes = [item.outs[0].shape for item in kernel_items(q.grad, k.grad, v.grad)]
+  assert not [shape for shape in shapes if prod(shape) >= 512 * 512 * 48], shapes
 
 def test_contiguous_of_an_unrealized_value_is_stored(kernels):
   (a, b), (ta, tb) = realized_inputs((16,), (32,))

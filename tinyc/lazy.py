@@ -145,12 +145,14 @@ def _reduce_split(shape: tuple[int, ...], axis: tuple[int, ...]) -> tuple[int, i
 
 NESTED_MAX = 128  # a contraction's products (and lanes) that a kernel reading it may compute in its own loops (schedule rule 10)
 
-def _reads_a_product(buf: LazyBuffer, limit: int = 32) -> bool:
-  """Whether a value's elementwise ops (up to `limit` of them) read an unrealized sum of NESTED_MAX or fewer products of operands all
-  read through an expand (attention's scores), which rule 10 computes in the reader's loops; a longer one is stored by its own kernel."""
-  stack, seen = [buf.base], 0
-  while stack and seen < limit:
-    node, seen = stack.pop(), seen + 1
+def _reads_a_product(buf: LazyBuffer, limit: int = 64) -> bool:
+  """Whether a value's elementwise ops (up to `limit` of them, each once: the scores reach attention's weights through the max and
+  directly) read an unrealized sum of NESTED_MAX or fewer products of operands all read through an expand (attention's scores), which
+  rule 10 computes in the reader's loops; a longer one is stored by its own kernel."""
+  stack, seen = [buf.base], set[LazyBuffer]()
+  while stack and len(seen) < limit:
+    if (node := stack.pop()) in seen: continue
+    seen.add(node)
     if node.realized is not None or node.op is None or isinstance(node.op, LoadOps): continue
     if isinstance(node.op, ReduceOps):
       product = node.srcs[0].base

@@ -244,9 +244,17 @@ class NNMixin:
     # The backward recomputes the probabilities from the scores and their log-sum-exp, as flash attention does: each gradient is one
     # kernel that computes its scores (and the product of the output's gradient with v) per key in its loop, never storing them. Each
     # kernel's scores are a graph of their own: rule 10 stores a contraction that several kernels reach (an MLP's hidden layer)
-    out = scores(self, key, *[m.detach() for m in masks]).detach().softmax(-1) @ value.detach()
+    # A row whose every key is masked attends to nothing, as torch's (softmax's would be nan): its max, -inf, is taken as 0, its exps and
+    # sum are 0, and its sum is then divided by 1 (any other row's is at least 1, its max's own term); its log-sum-exp, -inf, is taken
+    # as +inf, so its probabilities are 0 in the backward. Online softmax reads such a max as the max itself (codegen/online.py)
+    def peak(logits: Any) -> Any: return ((top := logits.max(-1, keepdim=True)) == -math.inf).where(0, top)
+    logits = scores(self, key, *[m.detach() for m in masks]).detach()
+    weights = (logits - peak(logits)).exp()
+    out = (weights / weights.sum(-1, keepdim=True).maximum(1)) @ value.detach()
     def backward(grad: Any, q: Any, k: Any, v: Any, *mask: Any) -> list[Any | None]:
-      lse = scores(q, k, *mask).logsumexp(-1, keepdim=True)
+      shift = peak(logits := scores(q, k, *mask))
+      lse = shift + (logits - shift).exp().sum(-1, keepdim=True).log()
+      lse = (lse == -math.inf).where(math.inf, lse)
       delta = (grad * out.detach()).sum(-1, keepdim=True)
       def probs() -> Any: return (scores(q, k, *mask) - lse).exp()
       def dscores() -> Any: return probs() * (grad @ v.transpose(-2, -1) - delta)

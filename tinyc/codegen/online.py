@@ -4,11 +4,11 @@ exp((old - new) c) whenever the max grows. Attention then computes its scores on
 each sum (scores.softmax() @ v: the max, the softmax's sum and the sum of the values), and reads each key and value once.
 """
 from __future__ import annotations
-import functools, itertools
+import functools, itertools, math
 from typing import TYPE_CHECKING, NamedTuple, cast
 from tinyc.dtype import dtypes
 from tinyc.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, UnaryOps
-from tinyc.shape.symbolic import NumNode
+from tinyc.shape.symbolic import Node, NumNode
 from tinyc.codegen.uops import UOp, UOps
 from tinyc.codegen.axes import AxisKind
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ def _exp_scale(value: LazyOp, peak: LazyOp) -> float | None:
   if len(holding) != 1 or holding[0] not in numerators or (exp := holding[0]).op is not UnaryOps.EXP2 or exp.src[0].op is not BinaryOps.MUL:
     return None
   for shifted, scale in (exp.src[0].src, exp.src[0].src[::-1]):
-    if shifted.op is BinaryOps.SUB and shifted.src[1] is peak and peak not in shifted.src[0].walk() and scale.op is BufferOps.CONST \
+    if shifted.op is BinaryOps.SUB and _reads_peak(shifted.src[1], peak) and peak not in shifted.src[0].walk() and scale.op is BufferOps.CONST \
        and isinstance(scale.arg.val, float) and scale.arg.val > 0 and all(view.mask is None for view in scale.arg.st.views):
       return scale.arg.val
   return None
@@ -150,3 +150,14 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, grouped: li
                 for key, partial in zip(keys[reduce], results[reduce])]
       results[reduce] = lin.group_reduce(reduce, scaled, everyone=True)
   for reduce in members: outer.reduced[reduce] = (tuple(key_axes[reduce]), dict(zip(keys[reduce], results[reduce])))
+
+def _reads_peak(node: LazyOp, peak: LazyOp) -> bool:
+  """Whether `node` is the max, or the max with -inf read as 0 (attention's row that keeps no key): the running max is already read so."""
+  if node is peak: return True
+  if node.op is not TernaryOps.WHERE or node.src[2] is not peak or not _is_const(node.src[1], 0): return False
+  test = node.src[0]
+  return test.op is BinaryOps.CMPEQ and test.src[0] is peak and _is_const(test.src[1], -math.inf)
+
+def _is_const(node: LazyOp, value: float) -> bool:
+  if node.op is not BufferOps.CONST or isinstance(node.arg.val, Node): return False
+  return bool(node.arg.val == value) and all(view.mask is None for view in node.arg.st.views)
