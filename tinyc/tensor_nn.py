@@ -5,6 +5,7 @@ compositions of primitive ops, so they fuse and differentiate for free; conv2d g
 from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
+from tinyc import function as F
 from tinyc.device import Device
 from tinyc.dtype import BY_NAME, DType, dtypes, least_upper_dtype
 from tinyc.helpers import ALLOW_TF32, AUTOCAST, PACK, Context, all_int, argsort, flatten
@@ -247,7 +248,7 @@ class NNMixin:
     # A row whose every key is masked attends to nothing, as torch's (softmax's would be nan): its max, -inf, is taken as 0, its exps and
     # sum are 0, and its sum is then divided by 1 (any other row's is at least 1, its max's own term); its log-sum-exp, -inf, is taken
     # as +inf, so its probabilities are 0 in the backward. Online softmax reads such a max as the max itself (codegen/online.py)
-    def peak(logits: Any) -> Any: return ((top := logits.max(-1, keepdim=True)) == -math.inf).where(0, top)
+    def peak(logits: Any) -> Any: return ((top := logits._reduce(F.Max, -1, True)) == -math.inf).where(0, top)  # (no keys: -inf)
     logits = scores(self, key, *[m.detach() for m in masks]).detach()
     weights = (logits - peak(logits)).exp()
     out = (weights / weights.sum(-1, keepdim=True).maximum(1)) @ value.detach()
