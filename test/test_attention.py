@@ -88,6 +88,49 @@ def test_the_heuristic_computes_each_score_once_for_every_feature(target, tinyc_
   else: assert opts == [Opt(OptOps.UPCAST, 1, 0), Opt(OptOps.UNROLL, 1, 8), Opt(OptOps.GROUP, 0, 2), Opt(OptOps.LOCAL, 0, 32)]
   for got, want in zip(run_kernel(ast, inputs, expected, None), expected): np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
+def test_a_reduce_nested_in_anothers_loop_counts_its_own_lanes(tinyc_device):
+  """The upcast limit counts the lanes of the widest place in the code: the scores, computed in the loop over the keys, are made once
+  per lane of the head dim they unroll, not once per feature too, so the head dim unrolled whole beside 64 features upcast is 64
+  lanes (the limit had counted 64 x 64 and refused it)."""
+  ast, inputs, expected = attention_kernel(rows=32, keys=20, width=64, features=64)
+  kernel = Kernel(ast, KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST))
+  for opt in (Opt(OptOps.UPCAST, 1, 0), Opt(OptOps.UNROLL, 1, 0)): kernel.apply_opt(opt)
+  assert kernel.upcast_size == 64
+  for got, want in zip(run_kernel(ast, inputs, expected, tuple(kernel.applied_opts)), expected):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+@pytest.mark.parametrize("dtype,width,lanes", [("bfloat16", 64, [64]), ("float32", 64, [8]), ("float32", 128, [128]), ("bfloat16", 128, [128])])
+def test_a_gpu_unrolls_a_head_dim_whole_where_no_compiler_would(dtype, width, lanes):
+  """A GPU unrolls the head dim whole in each nested reduce of the attention kernels (up to NESTED_ROW), so the query's row is read
+  once a thread, into registers, not once a key: except a float32 row of 8 loop trips, which ptxas unrolls and hoists itself. A
+  kernel of two nested reduces (dq, dk) otherwise unrolls each by 4."""
+  q, k, v, g = (Tensor(a).cast(getattr(dtypes, dtype)).realize() for a in arrays(*[(1, 2, 256, width)] * 4))
+  tq, tk, tv = (Tensor(t.lazydata, requires_grad=True) for t in (q, k, v))
+  out = tq.scaled_dot_product_attention(tk, tv, is_causal=True)
+  (out * g).sum().backward()
+  nested = [item.ast for item in items_of(out, tq.grad, tk.grad, tv.grad) if sum(op.op in ReduceOps for op in item.ast.walk()) > 1]
+  unrolled = []
+  for ast in nested:
+    kernel = Kernel(ast, KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST, compute_units=132))
+    hand_coded_optimizations(kernel)
+    unrolled.append(sorted(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.UNROLL)))
+  two = [4, 4] if lanes == [8] else lanes * 2
+  assert sorted(unrolled) == sorted([two, two] + [lanes] * 3), unrolled
+
+@pytest.mark.parametrize("width", [64, 128])
+def test_bfloat16_attention_forward_and_backward_match_torch(width, tinyc_device):
+  """bfloat16 causal attention, whose kernels a GPU plans with the head dim unrolled whole, against torch's float32 of the same inputs."""
+  q, k, v, g = (torch.tensor(a).bfloat16() for a in arrays(*[(1, 2, 40, width)] * 4))
+  tq, tk, tv = (Tensor(t.float().numpy()).cast(dtypes.bfloat16).realize() for t in (q, k, v))
+  tq, tk, tv = (Tensor(t.lazydata, requires_grad=True) for t in (tq, tk, tv))
+  out = tq.scaled_dot_product_attention(tk, tv, is_causal=True)
+  (out * Tensor(g.float().numpy()).cast(dtypes.bfloat16)).sum().backward()
+  rq, rk, rv = (t.float().requires_grad_() for t in (q, k, v))
+  reference = torch.nn.functional.scaled_dot_product_attention(rq, rk, rv, is_causal=True)
+  (reference * g.float()).sum().backward()
+  for got, want in zip((out, tq.grad, tk.grad, tv.grad), (reference, rq.grad, rk.grad, rv.grad)):
+    np.testing.assert_allclose(got.float().numpy(), want.detach().numpy(), rtol=5e-2, atol=5e-2)
+
 CASES = {  # q, k, v shapes, mask kind
   "plain": ((2, 3, 17, 8), (2, 3, 23, 8), (2, 3, 23, 8), None),
   "causal": ((2, 2, 33, 16), (2, 2, 33, 16), (2, 2, 33, 16), "causal"),

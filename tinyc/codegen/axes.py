@@ -1,11 +1,12 @@
 """Layer 3: what a kernel is made of: the OptOps, the kinds of axes, an Opt, a device's KernelTarget and a staged tile's layout.
-Imports dtype, shape/. The Kernel (codegen/kernel.py) and its docstring say how they fit together.
+Imports dtype, helpers, shape/. The Kernel (codegen/kernel.py) and its docstring say how they fit together.
 """
 from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import NamedTuple
 from tinyc.dtype import DType, dtypes
+from tinyc.helpers import colored
 from tinyc.shape.view import View
 
 class OptOps(Enum):
@@ -45,6 +46,12 @@ LAYOUT_RANK = {AxisKind.GLOBAL: 0, AxisKind.SERIAL: 0, AxisKind.LOCAL: 1, AxisKi
 KIND_COLORS = {AxisKind.GLOBAL: "blue", AxisKind.LOCAL: "cyan", AxisKind.UPCAST: "yellow", AxisKind.GROUP: "green",
                AxisKind.REDUCE: "red", AxisKind.UNROLL: "magenta", AxisKind.WARP: "cyan", AxisKind.FRAGMENT: "yellow", AxisKind.TC: "magenta",
                AxisKind.SERIAL: "white"}
+
+def describe_layout(full_shape: tuple, kinds: tuple[AxisKind, ...], owners: tuple[frozenset[int], ...]) -> str:
+  """The axes, each size coloured by its kind (DEBUG>=3 prints it), then the kinds in words with each reduce-side axis's owners."""
+  sizes = " ".join(colored(f"{size if isinstance(size, int) else size.render():>4}", KIND_COLORS[kind]) for size, kind in zip(full_shape, kinds))
+  return sizes + "   " + " ".join(f"{kind.name.lower()}{sorted(owner) if owner else ''}" for kind, owner in zip(kinds, owners))
+
 TC_DTYPES = (dtypes.float16, dtypes.bfloat16)  # what the tensor cores multiply (mma.sync m16n8k16, fp32 accumulate)
 TC_SHAPE = (16, 8, 16)  # (M, N, K) of one mma of 16-bit floats; of TF32 (float32 inputs, ALLOW_TF32=1) K is 8: 16 bytes of a row either way
 def tc_reduce(dtype: DType) -> int: return 32 // dtype.itemsize  # K of one mma of this input dtype

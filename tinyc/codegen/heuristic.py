@@ -69,6 +69,14 @@ NESTED_GROUP = 2
 # ms: float32 dv 0.505 -> 0.393, log-sum-exp 0.212 -> 0.184 by 4 (bfloat16 0.313 -> 0.196); at 8x16x2048x64 (waves of them) dv by 2
 # ran 7.70 -> 9.59, the log-sum-exp by 4 4.64 -> 4.75. Not dq and dk, two nested reduces (by 2 at 512: 0.463, 0.415 -> 0.448, 0.457)
 NESTED_WAVE = 256
+# elements of a head dim a GPU unrolls whole in each nested reduce: a query's row is then read once a thread, into registers, where a loop
+# of NESTED_UNROLL lanes read it for every key. ptxas unrolls and hoists that loop itself for a float32 row of up to 8 trips (168
+# registers either way; whole ran within 1% and the output 5% slower at 2048), so those keep it. H200, causal, ms, NESTED_UNROLL lanes
+# -> whole: bfloat16 8x6x512x64 output 0.73 -> 0.47, dv 0.26 -> 0.22, dq 0.37 -> 0.29, log-sum-exp 0.20 -> 0.18; 8x16x2048x64 output
+# 23.4 -> 16.9, dq 8.4 -> 6.9; 8x8x1024x128 log-sum-exp 3.3 -> 1.5, output 10.0 -> 5.4, dq and dk 7.6-7.7 -> 6.7-7.1, dv 3.6 -> 2.8;
+# float32 8x8x1024x128: dq and dk 15.3 and 14.9 -> 8.3 and 8.9, dv 8.6 -> 6.4, log-sum-exp 3.3 -> 2.5, but the output 6.2 -> 7.6
+# (128 accumulators and the row: 112 bytes spilled)
+NESTED_ROW = 128
 
 def _nested_plan(kernel: Kernel) -> bool:
   """A kernel with reduces nested in another's loop with loops of their own (schedule rule 10: attention's scores q.k, the backward's
@@ -94,11 +102,13 @@ def _nested_plan(kernel: Kernel) -> bool:
     _try_upcast(kernel, rows()[-1:], (4, 2))
     return True
   own = [index for index, axis in enumerate(kernel.axes(AxisKind.REDUCE)) if len(kernel.owners[axis]) == 1 and kernel.owners[axis] <= set(inner)]
-  amounts = [amount for amount in (8, 4, 2) if amount * len(own) <= NESTED_UNROLL] or [2]
+  sixteen_bit = any(buf.dtype.itemsize == 2 for buf in kernel.bufs[kernel.n_outputs:] if isinstance(buf, MemBuffer))
+  rows_of = [kernel.full_shape[kernel.axes(AxisKind.REDUCE)[index]] for index in own]
+  whole = max(rows_of) <= NESTED_ROW and (sixteen_bit or max(rows_of) > 8 * NESTED_UNROLL)
+  amounts = [0] if whole else [amount for amount in (8, 4, 2) if amount * len(own) <= NESTED_UNROLL] or [2]
   for index in reversed(own): next((amount for amount in amounts if _try(kernel, Opt(OptOps.UNROLL, index, amount))), None)
   if not shared: _try_upcast(kernel, rows()[-1:], (2,))
   outer = [index for index, axis in enumerate(kernel.axes(AxisKind.REDUCE)) if not kernel.owners[axis] <= set(inner)]
-  sixteen_bit = any(buf.dtype.itemsize == 2 for buf in kernel.bufs[kernel.n_outputs:] if isinstance(buf, MemBuffer))
   short = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GLOBAL)) < kernel.target.compute_units * NESTED_WAVE
   split = NESTED_GROUP * (2 if short and not shared else 1)
   splits = online_groups(kernel) or sixteen_bit or short and len(inner) == 1

@@ -25,11 +25,11 @@ from __future__ import annotations
 import copy, math
 from typing import Callable, Sequence, cast
 from tinyc.dtype import DType, dtypes
-from tinyc.helpers import ALLOW_TF32, all_int, colored, dedup, prod, to_function_name
+from tinyc.helpers import ALLOW_TF32, all_int, dedup, prod, to_function_name
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, ReduceOps, UnaryOps
 from tinyc.codegen.uops import PYTHON_ALU
 from tinyc.codegen.axes import (CPU_TARGET, GPU_MAX_UPCAST, KIND_COLORS, LANES, LAYOUT_RANK, MAX_UPCAST, REDUCE_SIDE, SPLIT_KINDS, TC_DTYPES,
-                                TC_SHAPE, THREADS, AxisKind, KernelOptError, KernelTarget, Opt, OptOps, TileLayout, tc_reduce)
+                                TC_SHAPE, THREADS, AxisKind, KernelOptError, KernelTarget, Opt, OptOps, TileLayout, describe_layout, tc_reduce)
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.codegen.online import factor_invariants
 from tinyc.codegen.warpgroups import a_in_registers, check_opt, check_warpgroup, contiguous_dimension, dense_strides, warpgroup_operands
@@ -82,7 +82,11 @@ class Kernel:
     """The elements the axes of these kinds span together (e.g. UPCAST: the lanes that are separate outputs, an accumulator each)."""
     return prod(self.full_shape[axis] for axis in self.axes(*kinds))
   @property
-  def upcast_size(self) -> int: return self.size_of(*LANES)
+  def upcast_size(self) -> int:  # lanes at the code's widest place, the stores' or a reduce input's (a nested reduce's are its own)
+    if len(self.reduceops) < 2: return self.size_of(*LANES)
+    rows = prod(self.full_shape[axis] for axis in self.axes(AxisKind.UNROLL) if any(map(lambda n: self.spans(n, axis), range(self.n_outputs))))
+    return max([self.size_of(AxisKind.UPCAST, AxisKind.FRAGMENT) * rows] + [prod(self.full_shape[axis] for axis in self.axes(*LANES) if axis in
+               self.value_axes(reduceop.src[0]) or number in self.owners[axis]) for number, reduceop in enumerate(self.reduceops)])
   @property
   def local_size(self) -> int: return self.size_of(*THREADS)  # the threads of a work-group
   def spans(self, number: int, axis: int) -> bool:
@@ -174,12 +178,7 @@ class Kernel:
     view = View.create(self.full_shape, tuple(layout_strides.get(axis, 0) for axis in range(self.shape_len)))
     return TileLayout(view, size, dtype, load_order, rows)
 
-  def describe_layout(self) -> str:
-    """The axes, each size coloured by its kind (DEBUG>=3 prints it), then the kinds in words."""
-    sizes = " ".join(colored(f"{size if isinstance(size, int) else size.render():>4}", KIND_COLORS[kind])  # (a symbolic size: its Variable)
-                     for size, kind in zip(self.full_shape, self.kinds))
-    kinds = " ".join(f"{kind.name.lower()}{sorted(owners) if owners else ''}" for kind, owners in zip(self.kinds, self.owners))
-    return f"{sizes}   {kinds}"
+  def describe_layout(self) -> str: return describe_layout(self.full_shape, self.kinds, self.owners)
 
   # ---- reshaping every tracker at once ----
   def _reshape(self, new_shape: Callable[[tuple[int, ...]], list[int]], sources: Sequence[int]) -> None:
