@@ -61,9 +61,10 @@ def run(ast: LazyOp, buffers: list[Any]) -> None:
     arrays[store.arg.idx][index[valid]] = np.broadcast_to(value, store.arg.st.shape)[valid]
   for buffer, array in zip(buffers[:outputs], arrays): buffer.copyin(array)
 
-def compute(item: Any, shown: Any) -> list[Any]:
-  """A stand-in for tinyc.realize._compute: kernels are evaluated here (recorded like a program, so TinyJit replays them too)."""
-  if item.ast.op is not BufferOps.SINK: return _compiled_compute(item, shown)
+def compute(item: Any, shown: Any, *plan: Any) -> list[Any]:
+  """A stand-in for tinyc.realize._compute: kernels are evaluated here (recorded like a program, so TinyJit replays them too). `plan`:
+  the plan's programs and the item's index in it, which a kernel evaluated here neither uses nor fills."""
+  if item.ast.op is not BufferOps.SINK: return _compiled_compute(item, shown, *plan)
   buffers = [realize._output_buffer(out) for out in item.outs]
   realize._run(lambda all_buffers, var_vals, shown, ast=item.ast: run(ast, all_buffers), buffers + [src.realized for src in item.inputs], {}, shown)
   return buffers

@@ -142,3 +142,22 @@ def test_another_device_is_another_structure(scheduler_calls):
   result = (there * 2 + 1).realize()
   assert result.device == other and len(scheduler_calls) == 2
   np.testing.assert_allclose(result.numpy(), data * 2 + 1)
+
+def test_a_reused_plan_runs_the_program_of_the_settings_in_force_and_builds_again_once_programs_are_cleared():
+  from tinyc import Device
+  from tinyc.helpers import Context
+  from tinyc.realize import steps_run
+  a, b = fresh(seed=50), fresh(seed=51)
+  def program_run():
+    with steps_run.record() as steps: out = (a * b + 1).realize()
+    np.testing.assert_allclose(out.numpy(), a.numpy() * b.numpy() + 1, rtol=1e-5, atol=1e-6)
+    ((program, _, _),) = steps
+    return program
+  first = program_run()
+  assert program_run() is first  # realize.py keeps it with the plan
+  with Context(NOOPT=1): unoptimized = program_run()
+  assert unoptimized is not first, "NOOPT=1 ran the program built without it"
+  assert program_run() is first
+  Device[Device.DEFAULT].programs.clear()
+  rebuilt = program_run()
+  assert rebuilt is not first and rebuilt in Device[Device.DEFAULT].programs.values(), "a cleared program table was not built again"

@@ -163,6 +163,13 @@ def cpu_launch_sizes(uops: list[UOp]) -> tuple[tuple[int, int, int] | None, tupl
   if (split := outer_split(uops)) is None: return None, None
   return (split[0], 1, 1), (split[1], 1, 1)
 
+class Programs(dict[tuple[LazyOp, tuple[Opt, ...] | None, bool, bool], Program]):
+  """A device's programs by (AST, Opts, settings), and how many times it was cleared: realize.py keeps a plan's programs until then."""
+  cleared = 0
+  def clear(self) -> None:
+    self.cleared += 1
+    super().clear()
+
 class Compiled:
   """A backend: allocator + renderer (name, uops -> source) + compiler (name, source -> runnable) + a cache from AST to Program."""
   peaks: tuple[float, float] | None = None  # (GFLOP/s, GB/s): the device's float32 and memory ceilings where known (the profiler's "of peak")
@@ -179,7 +186,7 @@ class Compiled:
     # for TinyJit: graph(steps) makes a one-launch replay of captured steps (each a program of this device and its buffers), called
     # with the replay's input buffers
     self.graph = graph
-    self.programs: dict[tuple[LazyOp, tuple[Opt, ...] | None, bool, bool], Program] = {}
+    self.programs = Programs()
     self._built: dict[str, Built] = {}  # program key -> built by build_all or found on disk, for get_program to load
     self.builds: Counter[str] = Counter()  # programs "built" (lowered and compiled; of them "in workers") and found "from disk"
     # threads: one lock guards the table of programs being compiled; each program compiles under a lock of its own,

@@ -43,8 +43,8 @@ Rules 3 and 8 depend on what later kernels decide: a pass that stores a value an
 with that value known to be stored from the start (see Scheduler).
 """
 from __future__ import annotations
-import functools, heapq, sys, time
-from typing import Any, cast
+import functools, heapq, operator, sys, time
+from typing import Any, Callable, cast
 from tinyc.dtype import dtypes
 from tinyc.helpers import DEBUG, prod
 from tinyc import profiler
@@ -346,17 +346,23 @@ def _merged(items: list[ScheduleItem]) -> ScheduleItem:
 
 PLANS_KEPT = 4096
 _CONST = LoadOps.CONST  # (a module name: LoadOps.CONST is a Python call in Python 3.11, see lazy.py)
-_plans: dict[tuple, list[tuple[LazyOp, tuple[int, ...], tuple[int, ...]]]] = {}  # structure -> items, bases named by position
+# structure -> (each item's AST and what takes its outputs and inputs from the walk's bases; realize.py's Resolved for each)
+_plans: dict[tuple, tuple[list[tuple[LazyOp, Callable[[tuple], tuple], Callable[[tuple], tuple]]], list[Any]]] = {}
 
 def create_schedule(outs: list[LazyBuffer], shown: profiler.Shown | None = None) -> list[ScheduleItem]:
   """The kernels that compute `outs`, in an order where each runs after the kernels it reads. A graph of a structure scheduled
   before (the same ops, args, views, dtypes and devices, realized inputs aliased alike; not the data) reuses that plan. `shown`:
   the realize's DEBUG and PROFILE, read here where not given."""
+  return planned_schedule(outs, shown)[0]
+
+def planned_schedule(outs: list[LazyBuffer], shown: profiler.Shown | None = None) -> tuple[list[ScheduleItem], list[Any]]:
+  """create_schedule's items, and the plan's list of what realize ran each with (None until it has; kept with the plan)."""
   targets: list[LazyBuffer] = []  # (loops, not comprehensions, here: a comprehension is a call of its own, and every eager realize comes here)
   for out in outs:
     if (base := out._base or out).realized is None: targets.append(base)  # (the base inlined: the property is a call)
-  if not targets: return []
-  if (shown := shown or profiler.shown()).debug >= 3: return _schedule(targets)  # the decisions are printed as they are made
+  if not targets: return [], []
+  if (shown := shown or profiler.shown()).debug >= 3:  # the decisions are printed as they are made
+    return (made := _schedule(targets)), [None] * len(made)
   started = time.perf_counter() if (profiling := shown.profiling) else 0.0
   # the key: the graph under the targets, each base named by its position in a walk (not by identity or data)
   position: dict[LazyBuffer, int] = {}  # (in the order of the walk)
@@ -364,17 +370,20 @@ def create_schedule(outs: list[LazyBuffer], shown: profiler.Shown | None = None)
   target_positions = []
   for target in targets: target_positions.append(_visit(target, position, entries))
   key = (tuple(target_positions), tuple(entries))
-  plan = _plans.get(key)
-  if not (reused := plan is not None):
-    plan = [(item.ast, tuple(position[out] for out in item.outs), tuple(position[src] for src in item.inputs)) for item in _schedule(targets)]
-    _plans[key] = plan
+  if not (reused := (found := _plans.get(key)) is not None):
+    plan = [(item.ast, _taker([position[out] for out in item.outs]), _taker([position[src] for src in item.inputs])) for item in _schedule(targets)]
+    _plans[key] = found = (plan, [None] * len(plan))
     if len(_plans) > PLANS_KEPT: del _plans[next(iter(_plans))]
-  at = list(position).__getitem__  # (map over a bound method: no frame for each item, as a comprehension would make)
-  items: list[ScheduleItem] = []
-  for ast, outs_at, inputs_at in plan:  # (tuple.__new__: a NamedTuple's own __new__ is a Python call)
-    items.append(tuple.__new__(ScheduleItem, (ast, tuple(map(at, outs_at)), tuple(map(at, inputs_at)))))
+  bases, items = tuple(position), []
+  for ast, outs_of, inputs_of in found[0]:  # (tuple.__new__: a NamedTuple's own __new__ is a Python call)
+    items.append(tuple.__new__(ScheduleItem, (ast, outs_of(bases), inputs_of(bases))))
   if profiling: profiler.record("schedule", "schedule", started, time.perf_counter() - started, kernels=len(items), reused_plan=reused)
-  return items
+  return items, found[1]
+
+def _taker(positions: list[int]) -> Callable[[tuple], tuple]:
+  """What takes the bases at `positions` from the walk's as a tuple in one C call (a map and its tuple cost 0.9 us an eager realize)."""
+  if len(positions) > 1: return operator.itemgetter(*positions)
+  return operator.itemgetter(slice(positions[0], positions[0] + 1) if positions else slice(0))
 
 def _visit(base: LazyBuffer, position: dict[LazyBuffer, int], entries: list[tuple]) -> int:
   """The position of `base` in the walk, its sources first. Every eager realize walks its graph here, so it is written for speed; and

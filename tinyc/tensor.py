@@ -242,11 +242,11 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin, Rou
       if isinstance(other, Tensor):
         theirs = other.lazydata
         if not other.requires_grad and mine.shape == theirs.shape and mine.dtype == theirs.dtype and mine.device == theirs.device:
-          result = theirs.alu(function.op, mine) if reverse else mine.alu(function.op, theirs)
+          result = LazyBuffer.binary(function.op, theirs, mine) if reverse else LazyBuffer.binary(function.op, mine, theirs)
           return Tensor(result, None, None, None if self.requires_grad is None or other.requires_grad is None else False)
       elif isinstance(other, (int, float)) and mine.dtype in FLOAT_SET:  # (a bool is an int) the tensor's dtype, as _broadcasted gives
         const = LazyBuffer.scalar(float(other), mine.dtype, mine.device, mine.shape)
-        return Tensor(const.alu(function.op, mine) if reverse else mine.alu(function.op, const), None, None, None)
+        return Tensor(LazyBuffer.binary(function.op, const, mine) if reverse else LazyBuffer.binary(function.op, mine, const), None, None, None)
     x, y = self._broadcasted(other, reverse)
     if x.requires_grad or y.requires_grad: return Tensor._apply(function, x, y)
     # no operand wants a gradient: the op at once, with no Function that nothing would keep (every eager op comes here; three calls and two
