@@ -6,6 +6,7 @@ import pytest
 import tinyc.codegen.cpu_split as cpu_split
 import tinyc.runtime.ops_llvm as ops_llvm
 from tinyc import Device, Tensor
+from tinyc.device import Programs
 from tinyc.codegen.kernel import Kernel
 from tinyc.codegen.linearizer import Linearizer
 from tinyc.codegen.llvmir import render_llvm
@@ -19,7 +20,7 @@ from tinyc.jit import TinyJit
 
 def record_runs(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[int, int]]]:
   """The ranges each kernel run with a global loop is given, from now on (programs compiled before are forgotten)."""
-  monkeypatch.setattr(Device["LLVM"], "programs", {})
+  monkeypatch.setattr(Device["LLVM"], "programs", Programs())
   runs: list[list[tuple[int, int]]] = []
   original = ops_llvm.run_ranges
   def recording(function, pointers, ranges):  # type: ignore[no-untyped-def]

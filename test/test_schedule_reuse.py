@@ -161,3 +161,18 @@ def test_a_reused_plan_runs_the_program_of_the_settings_in_force_and_builds_agai
   Device[Device.DEFAULT].programs.clear()
   rebuilt = program_run()
   assert rebuilt is not first and rebuilt in Device[Device.DEFAULT].programs.values(), "a cleared program table was not built again"
+
+def test_a_reused_plan_builds_again_once_the_program_table_is_replaced(monkeypatch):
+  """A device's program table replaced by a new one (as tests do to forget what was compiled) is a table of no programs: a kept plan
+  builds its program again into it, not runs the one it kept."""
+  from tinyc import Device
+  from tinyc.device import Programs
+  from tinyc.realize import steps_run
+  a, b = fresh(seed=52), fresh(seed=53)
+  def program_run():
+    with steps_run.record() as steps: (a * b + 1).realize()
+    return steps[0][0]
+  first = program_run()
+  monkeypatch.setattr(Device[Device.DEFAULT], "programs", Programs())
+  rebuilt = program_run()
+  assert rebuilt is not first and rebuilt in Device[Device.DEFAULT].programs.values(), "the replaced table was not built into"

@@ -7,7 +7,7 @@ cache, table `programs`) under a key of everything that changes it, and a schedu
 processes BEAM uses (`Compiled.build_all`), since lowering is Python and compilers take 10-100 ms a kernel.
 """
 from __future__ import annotations
-import hashlib, importlib, json, operator, threading, time
+import hashlib, importlib, itertools, json, operator, threading, time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
@@ -164,10 +164,14 @@ def cpu_launch_sizes(uops: list[UOp]) -> tuple[tuple[int, int, int] | None, tupl
   return (split[0], 1, 1), (split[1], 1, 1)
 
 class Programs(dict[tuple[LazyOp, tuple[Opt, ...] | None, bool, bool], Program]):
-  """A device's programs by (AST, Opts, settings), and how many times it was cleared: realize.py keeps a plan's programs until then."""
-  cleared = 0
+  """A device's programs by (AST, Opts, settings), and a generation, new when a table is made and when it is cleared: realize.py keeps
+  a plan's programs while the device's table is of the same generation (a table put in another's place, as tests do, is a new one)."""
+  _generations = itertools.count()
+  def __init__(self) -> None:
+    super().__init__()
+    self.generation = next(Programs._generations)
   def clear(self) -> None:
-    self.cleared += 1
+    self.generation = next(Programs._generations)
     super().clear()
 
 class Compiled:

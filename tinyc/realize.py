@@ -73,9 +73,9 @@ def _claim(outs: tuple[LazyBuffer, ...]) -> str:
     finally: _waiting -= 1
 
 class Resolved(NamedTuple):
-  """What a plan's item ran with, kept with the plan: valid while the settings are the same and its device's programs not cleared."""
+  """What a plan's item ran with, kept with the plan: valid while the settings are the same and its device's programs of one generation."""
   settings: tuple[int, int, int]  # BEAM, ALLOW_TF32, NOOPT: what chooses the program besides the AST (_opts, Compiled._memory_key)
-  cleared: int
+  generation: int
   device: Compiled
   program: Program
   var_vals: dict[Variable, int]
@@ -86,10 +86,10 @@ def _compute(item: ScheduleItem, shown: profiler.Shown, programs: list[Any] | No
   elif item.ast.op is not _EMPTY:
     # a repeated realize runs its plan's program: no unbind_ast, Device[] or program key, each a Python call or more (1.2 us)
     settings = (BEAM.value, ALLOW_TF32.value, NOOPT.value)
-    if programs is None or (known := programs[index]) is None or known.settings != settings or known.cleared != known.device.programs.cleared:
+    if programs is None or (known := programs[index]) is None or known.settings != settings or known.generation != known.device.programs.generation:
       ast, var_vals = unbind_ast(item.ast)  # one program for every value of a symbolic size: the values are its arguments
       device = Device[item.outs[0].device]
-      known = Resolved(settings, device.programs.cleared, device, device.get_program(ast, None if var_vals else _opts(ast, device)), var_vals)
+      known = Resolved(settings, device.programs.generation, device, device.get_program(ast, None if var_vals else _opts(ast, device)), var_vals)
       if programs is not None: programs[index] = known
     _run(known.program, buffers + list(map(_realized_of, item.inputs)), known.var_vals, shown)
   return buffers
