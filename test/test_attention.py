@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tinyc import Tensor, GlobalCounters
+from tinyc import Device, Tensor, GlobalCounters
 from tinyc.dtype import dtypes
 from tinyc.helpers import prod
 from tinyc.ops import LoadOps, ReduceOps, UnaryOps
@@ -117,6 +117,16 @@ def test_a_gpu_unrolls_a_head_dim_whole_where_no_compiler_would(dtype, width, la
     hand_coded_optimizations(kernel)
     unrolled.append(sorted(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.UNROLL)))
   assert sorted(unrolled) == sorted(lanes), unrolled
+
+def test_a_gpu_pairs_the_features_axis_wherever_it_is_in_the_layout(tinyc_device):
+  """The query pair splits the features (the axis the scores do not vary along) between 2 threads also where the features come before
+  the queries in the kernel's layout, and the plan computes the kernel's values."""
+  ast, inputs, expected = attention_kernel(rows=256, keys=20, width=64, features=16, features_first=True)
+  kernel = Kernel(ast, KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST))
+  opts = hand_coded_optimizations(kernel)
+  assert opts[:2] == [Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.LOCAL, 0, 0)], opts
+  if Device[Device.DEFAULT].target.has_local:
+    for got, want in zip(run_kernel(ast, inputs, expected, tuple(opts)), expected): np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 @pytest.mark.parametrize("width", [64, 128])
 def test_bfloat16_attention_forward_and_backward_match_torch(width, tinyc_device):

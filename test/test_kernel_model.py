@@ -36,18 +36,19 @@ def total(op: ReduceOps, src: LazyOp, *dims: int) -> LazyOp: return LazyOp(op, (
 def store(number: int, value: LazyOp, st: ShapeTracker) -> LazyOp: return LazyOp(BufferOps.STORE, (value,), MemBuffer(number, F32, st))
 def exp(x: LazyOp, ndim: int) -> LazyOp: return alu(UnaryOps.EXP2, alu(BinaryOps.MUL, x, const(1 / np.log(2), ndim)))
 
-def attention(rows: int = 12, keys: int = 20, width: int = 8, features: int = 6):
-  """dims [i, f, j, e]: scores = q.k over e, a row max over j, then o = sum_j exp(s - max) v / sum_j exp(s - max). The scores are
-  a reduce nested in three reduces' loops over j; the kernel stores o, the max and the sum."""
+def attention(rows: int = 12, keys: int = 20, width: int = 8, features: int = 6, features_first: bool = False):
+  """dims [i, f, j, e] ([f, i, j, e] with `features_first`): scores = q.k over e, a row max over j, then o = sum_j exp(s - max) v /
+  sum_j exp(s - max). The scores are a reduce nested in three reduces' loops over j; the kernel stores o, the max and the sum."""
   rng = np.random.default_rng(0)
   q, k, v = rng.standard_normal((rows, width)), rng.standard_normal((keys, width)), rng.standard_normal((keys, features))
-  scores = total(ReduceOps.SUM, alu(BinaryOps.MUL, load(3, view(q.shape, (0, 3), 4)), load(4, view(k.shape, (2, 3), 4))), 3)
+  i, f = (1, 0) if features_first else (0, 1)
+  scores = total(ReduceOps.SUM, alu(BinaryOps.MUL, load(3, view(q.shape, (i, 3), 4)), load(4, view(k.shape, (2, 3), 4))), 3)
   peak = total(ReduceOps.MAX, scores, 2)
   weights = exp(alu(BinaryOps.SUB, scores, peak), 4)
   norm = total(ReduceOps.SUM, weights, 2)
-  out = alu(BinaryOps.DIV, total(ReduceOps.SUM, alu(BinaryOps.MUL, weights, load(5, view(v.shape, (2, 1), 4))), 2), norm)
-  ast = LazyOp(BufferOps.SINK, (store(0, out, view((rows, features), (0, 1), 4)), store(1, peak, view((rows,), (0,), 4)),
-                                store(2, norm, view((rows,), (0,), 4))))
+  out = alu(BinaryOps.DIV, total(ReduceOps.SUM, alu(BinaryOps.MUL, weights, load(5, view(v.shape, (2, f), 4))), 2), norm)
+  ast = LazyOp(BufferOps.SINK, (store(0, out, view((rows, features), (i, f), 4)), store(1, peak, view((rows,), (i,), 4)),
+                                store(2, norm, view((rows,), (i,), 4))))
   s = q @ k.T
   p = np.exp(s - s.max(1, keepdims=True))
   return ast, [q, k, v], [p @ v / p.sum(1, keepdims=True), s.max(1), p.sum(1)]

@@ -105,8 +105,8 @@ def _nested_plan(kernel: Kernel) -> bool:
   rows_of = [kernel.full_shape[kernel.axes(AxisKind.REDUCE)[index]] for index in own]
   sixteen_bit = any(buf.dtype.itemsize == 2 for buf in kernel.bufs[kernel.n_outputs:] if isinstance(buf, MemBuffer))
   paired = (kernel.target.has_local and not sixteen_bit and len(inner) == 1 and len(shared) == 1 and kernel.full_shape[shared[0]] % 2 == 0
-            and max(kernel.full_shape[shared[0]], *rows_of) <= NESTED_PAIR and _try(kernel, Opt(OptOps.UPCAST, len(kernel.axes(AxisKind.GLOBAL)) - 1,
-            kernel.full_shape[shared[0]] // 2)) and _try(kernel, Opt(OptOps.LOCAL, len(kernel.axes(AxisKind.GLOBAL)) - 1, 0)))
+            and max(kernel.full_shape[shared[0]], *rows_of) <= NESTED_PAIR and _try(kernel, Opt(OptOps.UPCAST, (features := kernel.axes(
+            AxisKind.GLOBAL).index(shared[0])), kernel.full_shape[shared[0]] // 2)) and _try(kernel, Opt(OptOps.LOCAL, features, 0)))
   if not paired and not all([_upcast_whole(kernel, axis) for axis in reversed(shared)]): return False  # (the last first: numbers stay)
   def rows() -> list[int]: return [axis for axis in kernel.axes(AxisKind.GLOBAL) if kernel.full_shape[axis] > 1]
   if not kernel.target.has_local:
