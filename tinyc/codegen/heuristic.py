@@ -92,7 +92,8 @@ def _nested_plan(kernel: Kernel) -> bool:
   - the last axis they do vary along (the queries) upcast by 4 on a CPU, so each key's loads serve 4 queries (causal SDPA
     1x2x128x64 backward kernels 1.1 -> 0.53 ms);
   - on a GPU, the nested reduces' own axes (the head dim) unrolled by NESTED_UNROLL lanes in all, so they read 16-byte
-    vectors (a bf16 score read one 2-byte element a load from a row per thread: 10x slower than float32), the queries split across
+    vectors (a bf16 score read one 2-byte element a load from a row per thread: 10x slower than float32), or whole (NESTED_ROW);
+    float32 features split between 2 threads that share a pair of queries (NESTED_PAIR); the queries split across
     NESTED_THREADS threads, and where no features were upcast, the queries upcast by 2. H200, causal 8x16x2048x64, ms before ->
     after, float32 / bfloat16: log-sum-exp 78 -> 7.5 / 143 -> 9.9, output 36 -> 24 / 437 -> 39, dv 38 -> 21 / 145 -> 13, dq and dk
     29-32 -> 19-20 / 288 -> 17-22."""
