@@ -216,3 +216,16 @@ def test_a_step_captured_inside_autocast_replays_in_16_bits_and_only_there(tinyc
     assert result.dtype == dtypes.bfloat16
     np.testing.assert_allclose(result.float().numpy(), expected.float().numpy(), rtol=1e-2, atol=1e-2)
   with pytest.raises(JitError, match="AUTOCAST"): project(Tensor(_random(2, 8)))
+
+def test_autocast_training_matmuls_all_read_16_bit_buffers() -> None:
+  """The forward's, the input gradient's and the weight gradient's products read 16-bit buffers (the tensor cores' form): the
+  backward's gradient of the product is stored in 16 bits, and a stored 16-bit buffer widened to float32 is recomputed where read.
+  (The widened copies read by two products were stored as float32, rule 2, and the three ran on float32 cores.)"""
+  x, weight = Tensor(_random(64, 256), requires_grad=True).realize(), Tensor(_random(48, 256, seed=1), requires_grad=True).realize()
+  with autocast(), Context(PACK=0):
+    loss = (x.linear(weight.T).float() * Tensor(_random(64, 48, seed=2))).sum()
+    loss.backward()
+    assert x.grad is not None and weight.grad is not None
+    schedule = create_schedule([x.grad.lazydata, weight.grad.lazydata, loss.lazydata])
+  products = [kernel for item in schedule if len((kernel := Kernel(item.ast, H200)).full_shape) == 3]
+  assert len(products) == 3 and all(kernel.tensor_core_operands() for kernel in products)

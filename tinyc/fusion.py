@@ -4,6 +4,7 @@ in schedule.py's docstring; each reason names its rule). A pure function of the 
 from __future__ import annotations
 from enum import Enum, auto
 from typing import Container, NamedTuple, cast
+from tinyc.dtype import dtypes
 from tinyc.helpers import prod
 from tinyc.ops import ElementwiseOps, LoadOps, ReduceOps, UnaryOps, UNSAFE_PAD_OPS
 from tinyc.shape.shapetracker import ShapeTracker
@@ -71,7 +72,7 @@ def decide(base: LazyBuffer, site: Site, consumers: int, realize: bool, stored: 
   if base.op in UNSAFE_PAD_OPS and _has_mask(site.st):
     return Decision(Fusion.REALIZE, f"rule 4: it is seen through a pad and f(0) != 0 for {base.op.name}")
   if (site.enclosing is not None and prod(base.shape) > 1 and _expanded_outside(site.st, site.enclosing) and _reads_memory(base)
-      and not _feeds_nesting(base, site, realizes)):
+      and not _feeds_nesting(base, site, realizes) and not _widens_stored(base, realizes)):
     if consumers > 1:
       return Decision(Fusion.REALIZE, "rule 2: several kernels read it and a reduce reads it through an expand along an output axis, "
                                       "which would recompute it once per output element (a single value is recomputed)")
@@ -254,6 +255,12 @@ def _transcendental(base: LazyBuffer, limit: int = 64) -> bool:
     seen.add(node)
     stack.extend(src.base for src in node.srcs)
   return False
+
+def _widens_stored(base: LazyBuffer, realizes: Container[LazyBuffer]) -> bool:
+  """Whether `base` is a stored float widened (autocast's 16-bit operands in float32, the form its matmuls multiply in): reading it
+  costs what reading a stored copy would, and a matmul that loads the 16-bit buffer itself can run on tensor cores."""
+  if base.op is not UnaryOps.CAST or not (dtypes.is_float(base.dtype) and dtypes.is_float((src := base.srcs[0].base).dtype)): return False
+  return base.dtype.itemsize > src.dtype.itemsize and (src.realized is not None or isinstance(src.op, LoadOps) or src in realizes)
 
 def _reads_memory(base: LazyBuffer, limit: int = 64) -> bool:
   """Whether computing `base` reads a stored value or a reduce: not a value of constants and their views alone (a causal mask), which

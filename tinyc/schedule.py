@@ -10,9 +10,9 @@ each); the KernelBuilder only follows decisions. The rules, each held by a test 
   2. Recompute, don't materialize, an elementwise value read by several kernels: re-reading its inputs costs what reading a
      stored copy would, and it saves a write and a kernel. Inside one kernel a value is computed once (the linearizer dedups).
      Except when a reduce reads it through an expand along one of the reduce's output axes: that would recompute it once per
-     output element, so it is stored (a single value, or one repeated only along the reduce's own axes, is recomputed). So is a
-     value computing exp, log, sin or sqrt read that way by its one reader (gelu before a projection): recomputed per output
-     element, it costs more than the reduce.
+     output element, so it is stored (a single value, or one repeated only along the reduce's own axes, is recomputed; so is a stored
+     float widened, a 16-bit matmul operand in float32: the matmul loads 16 bits, the tensor cores' form). So is a value computing
+     exp, log, sin or sqrt read that way by its one reader (gelu before a projection): per output element it costs more than the reduce.
   3. A reduce is computed once per element of its output: it is computed in a kernel that reads it through a plain reshape (as that
      kernel's reduce, or beside a reduce over the same loops), or as a row reduce (rule 7) by every kernel that reads its rows (each
      walks the rows anyway), or nested in another reduce's loop when read back exactly along its rows, reducing only axes the outer

@@ -97,6 +97,7 @@ class NNMixin:
     # (..., n, 1, k) * (..., 1, m, k) summed over k: the multiply fuses into the reduce, one kernel
     product = x.reshape(*x.shape[:-1], 1, x.shape[-1]) * w.transpose(-1, -2).reshape(*w.shape[:-2], 1, w.shape[-1], w.shape[-2])
     result = product.sum(-1).cast(dtype)
+    if dtype != _exact_products(dtype): result = _gradient_stored(result)
     if w_vec: result = result.reshape(result.shape[:-1])
     if x_vec: result = result.reshape(result.shape[:-2] + result.shape[-1:]) if not w_vec else result.reshape(result.shape[:-1])
     return result
@@ -326,6 +327,11 @@ def _channels_last(x: Any, dtype: DType) -> Any:
   if dtype not in (dtypes.float16, dtypes.bfloat16): return x
   inner = list(range(2, x.ndim)) + [1]
   return x.permute(0, *inner).contiguous().permute(0, x.ndim - 1, *range(1, x.ndim - 1))
+
+def _gradient_stored(product: Any) -> Any:
+  """A 16-bit product whose gradient is stored (in 16 bits, as torch's) before the backward's two products read it: fused into them,
+  a gradient computed in float32 and rounded to 16 bits loads float32, which the tensor cores do not take (tensor_core_operands)."""
+  return type(product)._composite(lambda value: value, lambda grad, value: [grad.contiguous()], product)
 
 def _exact_products(dtype: DType) -> DType:
   """What a matmul or convolution multiplies in: float32 for 16-bit floats, as PyTorch and the tensor cores do (their products are
