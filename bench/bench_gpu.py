@@ -184,7 +184,9 @@ def main() -> None:
 
   a, b, c = (Tensor(rng.standard_normal(n, dtype=np.float32)).realize() for _ in range(3))
   ta, tb, tc = (torch.randn(n, device=TORCH_DEVICE) for _ in range(3))
-  header(f"bandwidth, ceiling {COPY_CEILING_GBS} GB/s", [f"a*b+c {n >> 20}M f32", f"sum {n >> 20}M f32", f"softmax ({side}, {side})"])
+  rows, cols = (1024, 384) if args.quick else (4096, 1536)  # a bias's gradient: (tokens, features) summed down the columns
+  header(f"bandwidth, ceiling {COPY_CEILING_GBS} GB/s", [f"a*b+c {n >> 20}M f32", f"sum {n >> 20}M f32", f"softmax ({side}, {side})",
+                                                       f"column sum ({rows}, {cols}) f32"])
   row = f"a*b+c {n >> 20}M f32"
   if wanted(row):
     report(row, "GB/s", 16 * n, tinyc_kernel_seconds(lambda: a * b + c, args.repeats), torch_seconds(lambda: ta * tb + tc, args.repeats),
@@ -192,6 +194,11 @@ def main() -> None:
   row = f"sum {n >> 20}M f32"
   if wanted(row):
     report(row, "GB/s", 4 * n, tinyc_kernel_seconds(lambda: a.sum(), args.repeats), torch_seconds(lambda: ta.sum(), args.repeats), COPY_CEILING_GBS)
+  row = f"column sum ({rows}, {cols}) f32"
+  if wanted(row):
+    y, ty = Tensor(rng.standard_normal((rows, cols), dtype=np.float32)).realize(), torch.randn(rows, cols, device=TORCH_DEVICE)
+    report(row, "GB/s", 4 * rows * cols, tinyc_kernel_seconds(lambda: y.sum(0), args.repeats), torch_seconds(lambda: ty.sum(0), args.repeats),
+           COPY_CEILING_GBS)
   x, tx = Tensor(rng.standard_normal((side, side), dtype=np.float32)).realize(), torch.randn(side, side, device=TORCH_DEVICE)
   row = f"softmax ({side}, {side})"
   if wanted(row):

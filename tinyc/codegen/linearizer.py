@@ -237,9 +237,15 @@ class Linearizer:
   def thread_indices(self) -> list[UOp]:
     """Index variables of the GLOBAL, LOCAL, GROUP and WARP axes (in `thread_idxs`); returns the loops of the GLOBAL axes on a CPU.
     With thread axes GLOBAL axes are work-group ids, else global thread ids; the last axis is dimension 0 (neighbouring memory),
-    except that a warp's 32 threads (its WARP axes: 8 rows x 4 columns of a tensor-core tile) are dimension 0 together."""
+    except that a warp's 32 threads (its WARP axes: 8 rows x 4 columns of a tensor-core tile) are dimension 0 together, and that
+    with GROUP axes, where the last is read with a stride, those every input reads contiguously (or not at all) come last: a sum down
+    columns has its LOCAL columns, not its GROUP rows, on neighbouring threads."""
     kernel = self.kernel
     global_axes, thread_axes, warp_axes = kernel.axes(AxisKind.GLOBAL), kernel.axes(AxisKind.LOCAL, AxisKind.GROUP), kernel.axes(AxisKind.WARP)
+    def clean(axis: int) -> bool:  # some input reads it contiguously, none with a stride
+      strides = {st.real_strides(True)[axis] for st in kernel.sts[kernel.n_outputs:]} - {0}
+      return strides == {1}
+    if kernel.axes(AxisKind.GROUP) and not warp_axes and not clean(thread_axes[-1]): thread_axes = sorted(thread_axes, key=clean)  # (stable)
     for axes, prefix, kind in ((global_axes, "g", ThreadKind.GROUP if thread_axes or warp_axes else ThreadKind.GLOBAL),
                                (thread_axes, "l", ThreadKind.LOCAL)):
       for position, axis in enumerate(axes):
