@@ -10,8 +10,10 @@ from tinyc.codegen.uops import UOp, UOps, executed
 
 # Waking a pool thread for a range and joining it costs 30-90 us (measured on a 2-core KVM guest), so a thread's share should be
 # several times that. There, two threads ran a 384x384 matmul (265M ops) 1.2-1.5x faster, a 256x256 one (79M) no faster, and
-# made a 1M-element a*a+a (4M) or a 4x4 kernel slower. 32M ops is ~0.15 ms of one core in a matmul, ~1 ms in exp or copies.
-CPU_WORK_PER_THREAD = 32 << 20  # ALU ops, loads and stores executed
+# made a 1M-element a*a+a (4M) or a 4x4 kernel slower. 16M ops is ~0.1 ms of one core in a matmul, ~0.5 ms in exp or copies: from
+# 32M to 16M, a GELU's backward of 1M elements (35M) ran 1.5-1.8 -> 1.0 ms, a softmax (2048, 512) 1.5-1.6 -> 1.2-1.4, a tanh-gelu
+# of 1M 0.9-1.1 -> 0.86-0.94 (a*a+a of 1M and a 256 matmul unchanged; 8M was no better than 16M).
+CPU_WORK_PER_THREAD = 16 << 20  # ALU ops, loads and stores executed
 
 def outermost_global_loop(uops: list[UOp]) -> UOp | None:
   """The LOOP the linearizer marked as the kernel's outermost global loop (Loop.outermost_global); None in a kernel without one."""
