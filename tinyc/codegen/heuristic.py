@@ -354,8 +354,11 @@ def _column_plan(kernel: Kernel, inputs: list[int]) -> bool:
   if kernel.stores_rows or not columns or any(_strides(kernel, i)[axis] == 1 for i in inputs for axis in kernel.axes(AxisKind.REDUCE)):
     return False
   width = 32 // max(1, min(kernel.bufs[i].dtype.itemsize for i in wide(kernel.axes(AxisKind.GLOBAL)[columns[-1]])))
-  if not _try(kernel, Opt(OptOps.LOCAL, columns[-1], width)): return False
-  return any(_try(kernel, Opt(OptOps.GROUP, number, 256 // width)) for number in reversed(range(len(kernel.axes(AxisKind.REDUCE)))))
+  trial = kernel.copy()  # both Opts or neither: threads along the columns alone would walk every row one after the other
+  if not _try(trial, Opt(OptOps.LOCAL, columns[-1], width)): return False
+  if not any(_try(trial, Opt(OptOps.GROUP, number, 256 // width)) for number in reversed(range(len(trial.axes(AxisKind.REDUCE))))): return False
+  for opt in trial.applied_opts[len(kernel.applied_opts):]: kernel.apply_opt(opt)
+  return True
 
 def _stage_big_matmul(kernel: Kernel, axes: list[int], inputs: list[int]) -> bool:
   """The plan of a fast SGEMM, if every step applies: a work-group of 8 x 16 threads computes a 64 x 128 block of the output,
