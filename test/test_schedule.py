@@ -79,6 +79,22 @@ def test_elementwise_value_read_by_two_kernels_is_recomputed():
   assert len(kernel_items(total, largest)) == 1  # rule 2: no kernel materializes `shared`; rule 9: the two reduces read a and b once
   np.testing.assert_allclose([total.item(), largest.item()], [(a * b + 1).sum(), (a * b + 1).max()], rtol=1e-5)
 
+def test_a_value_read_by_several_kernels_from_many_buffers_is_stored_once():
+  # a residual stream: each layer adds relu(linear(layernorm(stream))), and each sum is read by the next layer's layernorm and by the
+  # next sum. Recomputed (rule 2), the last kernel would read the first part and all 8 linear layers' outputs; a sum whose inputs come
+  # to 4 times its bytes is stored once (rule 8: by its layernorm's kernel), so no kernel reads more than 4 buffers of the stream's size
+  Tensor.manual_seed(0)
+  layers = [(nn.LayerNorm(32), nn.Linear(32, 32)) for _ in range(8)]
+  (first,), (stream,) = realized_inputs((16, 32))
+  torch_stream = torch.tensor(first)
+  for norm, linear in layers:
+    stream = stream + linear(norm(stream)).relu()
+    weight, bias = torch.tensor(linear.weight.numpy()), torch.tensor(linear.bias.numpy())
+    torch_stream = torch_stream + torch.relu(torch.nn.functional.layer_norm(torch_stream, (32,), eps=norm.eps) @ weight.T + bias)
+  full_size_inputs = [sum(prod(src.shape) == 16 * 32 for src in item.inputs) for item in kernel_items(stream)]
+  assert max(full_size_inputs) <= 4, full_size_inputs
+  np.testing.assert_allclose(stream.numpy(), torch_stream.numpy(), rtol=1e-4, atol=1e-4)
+
 def test_reduce_read_by_two_kernels_is_materialized_once(kernels):
   (a,), (ta,) = realized_inputs((8, 8))
   row_sums = ta.sum(1)

@@ -16,6 +16,34 @@ from tinyc.lazy import NESTED_MAX, LazyBuffer
 # in lazy.py, whose split-K leaves alone a sum of products that reads such a contraction)
 TRANSCENDENTAL = (UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT)
 
+WIDE_READ = 4  # rule 2: a value several bases read whose inputs come to this many times its own bytes is stored once (wide_values)
+
+def wide_values(targets: list[LazyBuffer], consumers: dict[LazyBuffer, int]) -> set[LazyBuffer]:
+  """Rule 2's exception by bytes: an elementwise value that several bases read, and that reads (through elementwise ops) buffers of at
+  least WIDE_READ times its own bytes, is stored once rather than computed again from them all by each reader: a transformer's residual
+  stream, the sum of every layer's output, which each layernorm and its backward read. Walked sources first, so a value stored so is
+  one buffer to the values above it; a buffer, a reduce or a load op is one buffer, a constant none."""
+  stored: set[LazyBuffer] = set()
+  reads: dict[LazyBuffer, frozenset[LazyBuffer]] = {}
+  stack = [(target, False) for target in targets]
+  while stack:
+    base, sources_done = stack.pop()
+    if base in reads: continue
+    if base.realized is None and not sources_done:
+      stack.extend([(base, True)] + [(src.base, False) for src in base.srcs if src.base not in reads])
+      continue
+    if base.realized is not None or not isinstance(base.op, ElementwiseOps):
+      reads[base] = frozenset() if base.op is LoadOps.CONST and base.realized is None else frozenset((base,))
+      continue
+    read = frozenset().union(*(reads[src.base] for src in base.srcs))
+    if consumers.get(base, 0) > 1 and sum(map(_bytes, read)) >= WIDE_READ * _bytes(base) > 0:
+      stored.add(base)
+      read = frozenset((base,))
+    reads[base] = read
+  return stored
+
+def _bytes(base: LazyBuffer) -> int: return size * base.dtype.itemsize if isinstance(size := prod(base.shape), int) else 0
+
 class Fusion(Enum):
   """What a kernel does with a base it reaches."""
   LOAD = auto()           # read it from memory: it is realized, or another kernel stores it

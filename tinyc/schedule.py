@@ -7,8 +7,8 @@ Each base a kernel reaches gets a Decision from one pure function, `fusion.decid
 ROW_REDUCE, NESTED_REDUCE, EMPTY_REDUCE; and whether to store it too), with its reason, a sentence naming the rule (DEBUG>=3 prints
 each); the KernelBuilder only follows decisions. The rules, each held by a test that counts kernels:
   1. Elementwise ops fuse into whoever reads them, through any view (a movement op is a view, never a kernel).
-  2. Recompute, don't materialize, an elementwise value read by several kernels: re-reading its inputs costs what reading a
-     stored copy would, and it saves a write and a kernel. Inside one kernel a value is computed once (the linearizer dedups).
+  2. Recompute, don't materialize, an elementwise value read by several kernels: re-reading its inputs costs what reading a stored
+     copy would (if under 4 times its bytes: fusion.wide_values), saving a write and a kernel. In one kernel it is computed once.
      Except when a reduce reads it through an expand along one of the reduce's output axes: that would recompute it once per
      output element, so it is stored (a single value, or one repeated only along the reduce's own axes, is recomputed; so is a stored
      float widened, a 16-bit matmul operand in float32: the matmul loads 16 bits, the tensor cores' form). So is a value computing
@@ -51,7 +51,7 @@ from tinyc import profiler
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, LoadOps, MemBuffer, ReduceOps, ScheduleItem, UnaryOps, const_key
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.lazy import LazyBuffer
-from tinyc.fusion import Decision, Fusion, Frame, Nesting, Site, decide
+from tinyc.fusion import Decision, Fusion, Frame, Nesting, Site, decide, wide_values
 
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))  # graphs are walked recursively; a long training step is deep
 
@@ -401,7 +401,7 @@ def _visit(base: LazyBuffer, position: dict[LazyBuffer, int], entries: list[tupl
 
 def _schedule(targets: list[LazyBuffer]) -> list[ScheduleItem]:
   consumers = _count_consumers(targets)
-  realizes = set(targets) | {base for base in consumers if isinstance(base.op, LoadOps) and base.op is not LoadOps.CONST}
+  realizes = set(targets) | {base for base in consumers if isinstance(base.op, LoadOps) and base.op is not _CONST} | wide_values(targets, consumers)
   no_store: set[LazyBuffer] = set()
   targets.sort(key=lambda target: consumers[target] > 0)  # readers first: a target read by another is stored by its reader (rule 8)
   while True:
