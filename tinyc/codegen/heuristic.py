@@ -190,18 +190,11 @@ CPU_STREAMS = 16  # rows of memory a CPU reduce loop tiled across broadcast axes
 def _cpu_register_tile(kernel: Kernel, inputs: list[int]) -> None:
   innermost_reduce = kernel.axes(AxisKind.REDUCE)[-1]
   if kernel.full_shape[innermost_reduce] >= 16 and all(_strides(kernel, i)[innermost_reduce] in (0, 1) for i in inputs):
-    # LLVM vectorizes a long contiguous reduce loop by itself: tile two different broadcast axes for reuse (an axis upcast
-    # first keeps its place or, taken whole, goes: the axes before it keep their numbers). Not where the reduce loop would then walk
-    # more than CPU_STREAMS rows of memory at once (each input's lanes along the tiled axes it varies along): a matmul's 4 x 4 tile
+    # LLVM vectorizes a long contiguous reduce loop by itself: tile two different broadcast axes for reuse. Not where the reduce loop
+    # would then walk more than CPU_STREAMS rows of memory at once (each input's lanes along the tiled axes it varies along): a matmul's 4 x 4 tile
     # walks 8, but a layernorm of the GPT's residual stream (9 inputs, the position embedding broadcast along the batch) 144, and
     # its forward and backward ran 3.4-6.1 ms tiled against 1.9-4.4 untiled, 1.4-1.9x (2-core guest, runs interleaved)
-    trial = kernel.copy()
-    if (first := _try_upcast(trial, _broadcast_axes(trial, inputs), (4,))) is not None:
-      _try_upcast(trial, [axis for axis in _broadcast_axes(trial, inputs) if axis < first], (4,))
-    lanes = lambda i: prod(trial.full_shape[axis] for axis in trial.axes(AxisKind.UPCAST) if _strides(trial, i)[axis] != 0)  # noqa: E731
-    if sum(lanes(i) for i in _read_in_reduces(trial, inputs)) <= CPU_STREAMS:
-      for opt in trial.applied_opts[len(kernel.applied_opts):]: kernel.apply_opt(opt)
-    return
+    return _broadcast_tile(kernel, inputs)
   # vectorize across the output's contiguous axis, then reuse each vector load across a tile of an axis it is broadcast along.
   # Where no input runs along the output, across an axis that an input walking the reduce with a stride is contiguous along
   # instead (the linearizer packs the reduce's lanes into vectors along it)
@@ -210,11 +203,23 @@ def _cpu_register_tile(kernel: Kernel, inputs: list[int]) -> None:
   if not contiguous:
     strided = [i for i in inputs if _strides(kernel, i)[innermost_reduce] not in (0, 1)]
     contiguous = [axis for axis in kernel.axes(AxisKind.GLOBAL) if any(_strides(kernel, i)[axis] == 1 for i in strided)]
-  if _try_upcast(kernel, contiguous, (16, 8, 4, 0, 2)) is None: return
+  # nothing to vectorize along (attention's output with its heads put back in a row: runs of the head dim along the reduce, times the
+  # projection's weight): a tile of broadcast axes still reuses each load (examples/gpt.py's sampling, 64 x 96 x 96: 489 -> 68 us)
+  if _try_upcast(kernel, contiguous, (16, 8, 4, 0, 2)) is None: return _broadcast_tile(kernel, inputs)
   vector_loaded = [i for i in inputs if _strides(kernel, i)[-1] == 1]
   lanes_left = min(8 * kernel.target.vector_lanes, kernel.target.max_upcast) // kernel.upcast_size  # 8 registers of accumulators
   amounts = tuple(range(lanes_left, 1, -1))
   if _try_upcast(kernel, _broadcast_axes(kernel, vector_loaded), amounts) is None: _try_upcast(kernel, _broadcast_axes(kernel, inputs), amounts)
+
+def _broadcast_tile(kernel: Kernel, inputs: list[int]) -> None:
+  """4 x 4 lanes of two broadcast axes (an axis upcast first keeps its place or, taken whole, goes: the axes before it keep their
+  numbers), unless the reduce loop would then walk more than CPU_STREAMS rows of memory at once."""
+  trial = kernel.copy()
+  if (first := _try_upcast(trial, _broadcast_axes(trial, inputs), (4,))) is not None:
+    _try_upcast(trial, [axis for axis in _broadcast_axes(trial, inputs) if axis < first], (4,))
+  lanes = lambda i: prod(trial.full_shape[axis] for axis in trial.axes(AxisKind.UPCAST) if _strides(trial, i)[axis] != 0)  # noqa: E731
+  if sum(lanes(i) for i in _read_in_reduces(trial, inputs)) <= CPU_STREAMS:
+    for opt in trial.applied_opts[len(kernel.applied_opts):]: kernel.apply_opt(opt)
 
 # bytes of input that the innermost loop outside the reduce may walk before a block of it starts over: half the 1 MB L2 cache of a
 # Zen 4 or Skylake-SP core (2 MB on Sapphire Rapids)
