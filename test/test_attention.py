@@ -88,6 +88,15 @@ def test_the_heuristic_computes_each_score_once_for_every_feature(target, tinyc_
                         Opt(OptOps.GROUP, 0, 2), Opt(OptOps.LOCAL, 0, 16)]
   for got, want in zip(run_kernel(ast, inputs, expected, None), expected): np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
+@pytest.mark.parametrize("features, queries", [(1, 8), (16, 4), (32, 4)])
+def test_a_cpu_upcasts_the_queries_by_8_where_no_features_are_upcast(features, queries, tinyc_device):
+  """A nested kernel without features to upcast (the log-sum-exp, here one feature) upcasts the queries by 8 on a CPU, one with
+  features by 4: each key's loads serve 8 queries where no features' accumulators multiply with them."""
+  ast, inputs, expected = attention_kernel(rows=64, keys=20, width=32, features=features)
+  opts = hand_coded_optimizations(Kernel(ast, KernelTarget(max_upcast=256)))
+  assert opts[-1] == Opt(OptOps.UPCAST, 0, queries), opts
+  for got, want in zip(run_kernel(ast, inputs, expected, tuple(opts)), expected): np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
 def test_a_reduce_nested_in_anothers_loop_counts_its_own_lanes(tinyc_device):
   """The upcast limit counts the lanes of the widest place in the code: the scores, computed in the loop over the keys, are made once
   per lane of the head dim they unroll, not once per feature too, so the head dim unrolled whole beside 64 features upcast is 64

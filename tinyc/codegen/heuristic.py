@@ -90,7 +90,9 @@ def _nested_plan(kernel: Kernel) -> bool:
     once per element: upcast 4 of 40 features, the scores were computed 10 times over (CPU, causal 3x5x197x40 forward and
     backward: 1775 ms against 68 stored);
   - the last axis they do vary along (the queries) upcast by 4 on a CPU, so each key's loads serve 4 queries (causal SDPA
-    1x2x128x64 backward kernels 1.1 -> 0.53 ms);
+    1x2x128x64 backward kernels 1.1 -> 0.53 ms); by 8 where no features were upcast (the log-sum-exp): causal 8x4x256x32 on a 2-core
+    AVX2 guest 3.3 -> 2.5 ms alone (interleaved), 64-92 -> 55-64 ms over the CPU GPT bench's profiled steps (the output and dv by 8 ran
+    16-21% faster alone but no faster in the GPT's steps; dq and dk no faster alone);
   - on a GPU, the nested reduces' own axes (the head dim) unrolled by NESTED_UNROLL lanes in all, so they read 16-byte
     vectors (a bf16 score read one 2-byte element a load from a row per thread: 10x slower than float32), or whole (NESTED_ROW);
     float32 features split between 2 threads that share a pair of queries (NESTED_PAIR); the queries split across
@@ -111,7 +113,7 @@ def _nested_plan(kernel: Kernel) -> bool:
   if not paired and not all([_upcast_whole(kernel, axis) for axis in reversed(shared)]): return False  # (the last first: numbers stay)
   def rows() -> list[int]: return [axis for axis in kernel.axes(AxisKind.GLOBAL) if kernel.full_shape[axis] > 1]
   if not kernel.target.has_local:
-    _try_upcast(kernel, rows()[-1:], (4, 2))
+    _try_upcast(kernel, rows()[-1:], (4, 2) if kernel.upcast_size > 1 else (8, 4, 2))
     return True
   whole = max(rows_of) <= NESTED_ROW and (sixteen_bit or paired or max(rows_of) > 8 * NESTED_UNROLL)
   amounts = [0] if whole else [amount for amount in (8, 4, 2) if amount * len(own) <= NESTED_UNROLL] or [2]
