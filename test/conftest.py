@@ -77,7 +77,8 @@ def _compile_every_kernel_as_cuda(tmp_path_factory: pytest.TempPathFactory):
   from tinyc.codegen.cstyle import render_cuda
   from tinyc.codegen.heuristic import hand_coded_optimizations
   from tinyc.codegen.kernel import GPU_MAX_UPCAST, Kernel, KernelOptError, KernelTarget
-  H200_TARGET = KernelTarget(has_local=True, tensor_cores=True, warpgroups=True, local_memory_bytes=227 * 1024, max_upcast=GPU_MAX_UPCAST,
+  H200_TARGET = KernelTarget(has_local=True, tensor_cores=True, warpgroups=True, warp_shuffles=True, local_memory_bytes=227 * 1024,
+                             max_upcast=GPU_MAX_UPCAST,
                              compute_units=132)
   from tinyc.codegen.linearizer import Linearizer
   from tinyc.runtime.nvrtc import compile_cuda

@@ -11,7 +11,8 @@ from tinyc.helpers import prod
 from tinyc.ops import LoadOps, ReduceOps, UnaryOps
 from tinyc.schedule import create_schedule
 from tinyc.codegen.heuristic import hand_coded_optimizations
-from tinyc.codegen.kernel import AxisKind, GPU_MAX_UPCAST, Kernel, KernelTarget, Opt, OptOps
+from tinyc.codegen.nested_plan import lanes_plan
+from tinyc.codegen.kernel import AxisKind, GPU_MAX_UPCAST, Kernel, KernelOptError, KernelTarget, Opt, OptOps
 from tinyc.codegen.linearizer import Linearizer
 from tinyc.codegen.uops import UOps
 from test_kernel_model import attention as attention_kernel, run as run_kernel
@@ -296,3 +297,48 @@ def test_backward_at_a_long_context_stores_no_scores():
   out = q.scaled_dot_product_attention(k, v)
   out.sum().backward()
   assert all(base.shape.count(1024) < 2 for item in items_of(out, q.grad, k.grad, v.grad) for base in item.outs)
+
+SHUFFLES = KernelTarget(has_local=True, warp_shuffles=True, max_upcast=GPU_MAX_UPCAST, compute_units=132)
+
+@pytest.mark.parametrize("lanes,queries,keys", [(2, 4, 1), (4, 2, 4), (8, 4, 2), (16, 1, 4), (32, 2, 1)])
+def test_lanes_share_each_score_and_split_the_features(lanes, queries, keys, tinyc_device):
+  """LANES splits the head dim (each score's partial sums meet by shuffles, log2(lanes) a score) and the features among a warp's
+  neighbouring threads; the max and the sum, of which no lane holds a part, lane 0 stores. Run where the device has warp shuffles
+  (CUDA); elsewhere CI compiles the source with NVRTC."""
+  ast, inputs, expected = attention_kernel(rows=24, keys=20, width=64, features=32)
+  kernel = Kernel(ast, SHUFFLES)
+  assert lanes_plan(kernel, lanes, queries, 4, keys) and kernel.applied_opts[0] == Opt(OptOps.LANES, 0, lanes)
+  assert [(kernel.full_shape[axis], kernel.owners[axis]) for axis in kernel.axes(AxisKind.LANE)] == [(lanes, frozenset()), (lanes, {0})]
+  uops = Linearizer(kernel, threads=True).linearize()
+  assert sum(uop.op is UOps.SHUFFLE for uop in uops) == (lanes.bit_length() - 1) * queries * keys
+  if Device[Device.DEFAULT].target.warp_shuffles:
+    for got, want in zip(run_kernel(ast, inputs, expected, tuple(kernel.applied_opts)), expected):
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+@pytest.mark.parametrize("target,opts,message", [
+  (KernelTarget(has_local=True), [Opt(OptOps.LANES, 0, 8)], "no warp shuffles"), (SHUFFLES, [Opt(OptOps.LANES, 0, 3)], "2, 4, 8, 16 or 32"),
+  (SHUFFLES, [Opt(OptOps.UPCAST, 1, 0), Opt(OptOps.LANES, 0, 8)], "before every other"), (SHUFFLES, [Opt(OptOps.LANES, 1, 8)], "features axes"),
+  (SHUFFLES, [Opt(OptOps.LANES, 0, 32)], "must divide"), (SHUFFLES, [Opt(OptOps.LANES, 0, 8), Opt(OptOps.GROUP, 0, 4)], "do not mix")])
+def test_lanes_is_refused_where_it_cannot_apply(target, opts, message):
+  ast, _, _ = attention_kernel(rows=24, keys=20, width=64, features=16)
+  kernel = Kernel(ast, target)
+  for opt in opts[:-1]: kernel.apply_opt(opt)
+  before = (kernel.full_shape, kernel.kinds)
+  with pytest.raises(KernelOptError, match=message): kernel.apply_opt(opts[-1])
+  assert (kernel.full_shape, kernel.kinds) == before
+  matmul = Kernel(items_of(Tensor(arrays((8, 16))[0]) @ Tensor(arrays((16, 8))[0]))[0].ast, SHUFFLES)
+  with pytest.raises(KernelOptError, match="no reduce is nested"): matmul.apply_opt(Opt(OptOps.LANES, 0, 4))
+
+@pytest.mark.parametrize("context,lanes", [(512, [8] * 5), (2048, [4, 4, 4, 8, 8])])
+def test_cuda_shares_every_attention_kernels_scores_among_lanes(context, lanes):
+  """On a device with warp shuffles every kernel of causal SDPA's forward and backward takes LANES: 4 lanes, or 8 where the kernel's
+  threads would fall short of a wave of the device (the GPT bench's 8 x 6 heads at 512 tokens, with 4 queries a thread) or a thread
+  would hold over NESTED_LANE_VALUES values of its queries' rows and accumulators (float32 dq and dk: two rows and the features)."""
+  q, k, v, g = (Tensor.empty(8, 6 if context == 512 else 16, context, 64) for _ in range(4))
+  tq, tk, tv = (Tensor(t.lazydata, requires_grad=True) for t in (q, k, v))
+  out = tq.scaled_dot_product_attention(tk, tv, is_causal=True)
+  (out * g).sum().backward()
+  nested = [item.ast for item in items_of(out, tq.grad, tk.grad, tv.grad) if sum(op.op in ReduceOps for op in item.ast.walk()) > 1]
+  assert len(nested) == 5
+  assert sorted(hand_coded_optimizations(Kernel(ast, SHUFFLES))[0].amount for ast in nested) == lanes
+  assert all(hand_coded_optimizations(Kernel(ast, SHUFFLES))[0].op is OptOps.LANES for ast in nested)

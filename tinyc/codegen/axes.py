@@ -22,6 +22,7 @@ class OptOps(Enum):
   PERSIST = auto()   # (after TC) a work-group computes `amount` tiles of GLOBAL axis `axis` in a loop, its copies running on into the next
   WARPGROUP = auto() # (after TC and its UPCAST, LOCAL, UNROLL) each 4 warps compute their tile with wgmma, reading swizzled tiles (sm_90)
   BLOCK = auto()     # (CPUs) split `amount` off a GLOBAL axis; the rest becomes the outermost loop, around blocks whose inputs stay in cache
+  LANES = auto()     # (CUDA, first) split `amount` lanes of a warp off every nested contraction's own axis and features axis `axis` (kernel.py)
 
 class AxisKind(Enum):
   GLOBAL = auto()    # output axis: a loop on a CPU, the work-group id on a GPU
@@ -34,18 +35,21 @@ class AxisKind(Enum):
   FRAGMENT = auto()  # output axis: a thread's lanes of a tensor-core tile (an accumulator each, as UPCAST)
   TC = auto()        # reduce axis: reduced inside one tensor-core instruction (mma), by the warp together
   SERIAL = auto()    # output axis: a loop inside the work-group around its reduce and stores (PERSIST)
+  LANE = auto()      # either side: a thread id among a warp's neighbouring lanes, one index for every LANE axis (LANES)
 
 REDUCE_SIDE = (AxisKind.GROUP, AxisKind.REDUCE, AxisKind.UNROLL)
 LANES = (AxisKind.UPCAST, AxisKind.UNROLL, AxisKind.FRAGMENT)
 THREADS = (AxisKind.LOCAL, AxisKind.GROUP, AxisKind.WARP)  # the thread ids of a work-group
 SPLIT_KINDS = {OptOps.UPCAST: AxisKind.UPCAST, OptOps.UNROLL: AxisKind.UNROLL, OptOps.LOCAL: AxisKind.LOCAL, OptOps.GROUP: AxisKind.GROUP,
                OptOps.GROUPTOP: AxisKind.GROUP}  # the kind of the axis an Opt splits off
-# the layout, outermost first: [GLOBAL and SERIAL | LOCAL | GROUP | WARP | REDUCE | UPCAST, UNROLL, FRAGMENT and TC in the order they were made]
-LAYOUT_RANK = {AxisKind.GLOBAL: 0, AxisKind.SERIAL: 0, AxisKind.LOCAL: 1, AxisKind.GROUP: 2, AxisKind.WARP: 3, AxisKind.REDUCE: 4, AxisKind.UPCAST: 5,
+# the layout, outermost first:
+# [GLOBAL and SERIAL | LOCAL | GROUP | LANE and WARP | REDUCE | UPCAST, UNROLL, FRAGMENT and TC in the order they were made]
+LAYOUT_RANK = {AxisKind.GLOBAL: 0, AxisKind.SERIAL: 0, AxisKind.LOCAL: 1, AxisKind.GROUP: 2, AxisKind.LANE: 3, AxisKind.WARP: 3,
+               AxisKind.REDUCE: 4, AxisKind.UPCAST: 5,
                AxisKind.UNROLL: 5, AxisKind.FRAGMENT: 5, AxisKind.TC: 5}
 KIND_COLORS = {AxisKind.GLOBAL: "blue", AxisKind.LOCAL: "cyan", AxisKind.UPCAST: "yellow", AxisKind.GROUP: "green",
                AxisKind.REDUCE: "red", AxisKind.UNROLL: "magenta", AxisKind.WARP: "cyan", AxisKind.FRAGMENT: "yellow", AxisKind.TC: "magenta",
-               AxisKind.SERIAL: "white"}
+               AxisKind.SERIAL: "white", AxisKind.LANE: "cyan"}
 
 def describe_layout(full_shape: tuple, kinds: tuple[AxisKind, ...], owners: tuple[frozenset[int], ...]) -> str:
   """The axes, each size coloured by its kind (DEBUG>=3 prints it), then the kinds in words with each reduce-side axis's owners."""
@@ -55,6 +59,11 @@ def describe_layout(full_shape: tuple, kinds: tuple[AxisKind, ...], owners: tupl
 TC_DTYPES = (dtypes.float16, dtypes.bfloat16)  # what the tensor cores multiply (mma.sync m16n8k16, fp32 accumulate)
 TC_SHAPE = (16, 8, 16)  # (M, N, K) of one mma of 16-bit floats; of TF32 (float32 inputs, ALLOW_TF32=1) K is 8: 16 bytes of a row either way
 def tc_reduce(dtype: DType) -> int: return 32 // dtype.itemsize  # K of one mma of this input dtype
+
+def partials_dtype(dtype: DType) -> DType:
+  """What a group reduce's partial results are in local memory: float for 16-bit floats, as in registers (OpenCL has no half
+  arrays without cl_khr_fp16)."""
+  return dtypes.float32 if dtype in TC_DTYPES else dtype
 
 @dataclass(frozen=True)
 class Opt:
@@ -91,6 +100,7 @@ class KernelTarget:
   warpgroups: bool = False           # warpgroup-level wgmma m64nNk16, operands read from local memory by descriptors (CUDA sm_90)
   vector_lanes: int = 8              # 32-bit lanes of a CPU vector register (AVX2 8, AVX-512 16): CPU register tiles scale with it
   compute_units: int = 1             # work-groups that run side by side at most once each (a GPU's SMs): how many fill the device
+  warp_shuffles: bool = False        # threads of a warp read each other's registers (CUDA __shfl_xor_sync): LANES
 
 CPU_TARGET = KernelTarget()
 # Upcast lanes (straight-line code per loop trip) the CPU heuristic uses at most: a safe size. Larger tiles can pay (an AVX-512

@@ -63,6 +63,7 @@ class CStyleDialect:
   wgmma: Callable[[Warpgroup, list[str], str, list[str]], str] | None = None  # (arg, A's shared address or registers, B's, accumulators)
   warpgroup_sync: Callable[[str], str] | None = None  # (WARPGROUP_SYNC's arg) -> statement
   barrier_wait: Callable[[str, str], str] | None = None  # (barrier address, phase parity) -> statement
+  shuffle: Callable[[str, int, int], str] | None = None  # (value, offset, lanes) -> expression: SHUFFLE
   local_pointer_prefix: str = ""  # before a pointer type into work-group-shared memory
   static_local_bytes: int | None = None  # local memory a kernel may declare as arrays; more is dynamic, its size in a comment (CUDA)
   prelude: str = ""
@@ -132,7 +133,10 @@ CUDA_DIALECT = CStyleDialect(
            "__device__ inline void __barrier_wait(unsigned int barrier, unsigned int parity) {\n"
            "  unsigned int done; do { asm volatile(\"{ .reg .pred p; mbarrier.\"\n"
            "#if __CUDA_ARCH__ >= 900\n\"try_wait\"\n#else\n\"test_wait\"\n#endif\n\".parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }\"\n"
-           "  : \"=r\"(done) : \"r\"(barrier), \"r\"(parity) : \"memory\"); } while (!done);\n}\n"),
+           "  : \"=r\"(done) : \"r\"(barrier), \"r\"(parity) : \"memory\"); } while (!done);\n}\n"
+           # the lanes a SHUFFLE exchanges among (LANES): this lane's aligned run of `lanes` in its warp, which meet there together
+           "__device__ inline unsigned int __lane_run(unsigned int lanes) {\n"
+           "  unsigned int lane; asm(\"mov.u32 %0, %%laneid;\" : \"=r\"(lane)); return (0xffffffffu >> (32 - lanes)) << (lane & ~(lanes - 1));\n}\n"),
   shared_address=lambda name: f"__shared_address({name})",
   load_fragment=_cuda_load_fragment, mma=_cuda_mma, copy_async=_cuda_copy_async,
   async_commit=lambda barrier: f'asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" : : "r"({barrier}) : "memory");',
@@ -145,6 +149,7 @@ CUDA_DIALECT = CStyleDialect(
   barrier_wait=lambda barrier, parity: f"__barrier_wait({barrier}, {parity});", static_local_bytes=48 * 1024,
   launch_bounds=lambda threads: f"__launch_bounds__({threads}) ", wgmma=_cuda_wgmma,
   warpgroup_sync=lambda arg: f'asm volatile("{_WARPGROUP_SYNCS[arg]}" : : : "memory");',
+  shuffle=lambda value, offset, lanes: f"__shfl_xor_sync(__lane_run({lanes}), {value}, {offset}, {lanes})",
   infinity="__int_as_float(0x7f800000)", nan="__int_as_float(0x7fc00000)")
 
 OPENCL_DIALECT = CStyleDialect(
@@ -363,6 +368,7 @@ class CStyleRenderer:
         self.emit(self.require(dialect.wgmma, uop)(uop.arg, a_operand, self.shared_address(b_tile, self.names[b_index]),
                                                    [self.names[src] for src in accs]))
       elif uop.op is UOps.WARPGROUP_SYNC: self.emit(self.require(dialect.warpgroup_sync, uop)(uop.arg))
+      elif uop.op is UOps.SHUFFLE: self.define(uop, self.require(dialect.shuffle, uop)(self.names[uop.src[0]], *uop.arg), "alu")
       elif uop.op is UOps.COPY_ASYNC:
         target, source = self.shared_address(uop.src[0], self.names[uop.src[1]]), f"{self.names[uop.src[2]]}+{self.names[uop.src[3]]}"
         if len(uop.src) == 5: source = f"{self.names[uop.src[2]]}+({self.names[uop.src[4]]}?{self.names[uop.src[3]]}:0)"

@@ -6,11 +6,13 @@ either the full size or 1. Every axis has a kind (AxisKind), and a reduce-side a
 A reduce's input spans its own axes, its value has size 1 there; a reduce inside another's input is computed in the other's
 loop, once per trip of the loops its value depends on. An output may span reduce axes (a row: softmax stores the row it
 reduced) or not (layernorm's mean): a store walks the reduce axes it spans once more. The layout, outermost first, is
-[GLOBAL and SERIAL | LOCAL | GROUP | WARP | REDUCE | UPCAST, UNROLL, FRAGMENT and TC in the order they were made]:
+[GLOBAL and SERIAL | LOCAL | GROUP | LANE and WARP | REDUCE | UPCAST, UNROLL, FRAGMENT and TC in the order they were made]:
 - GLOBAL axes are loops on a CPU and work-group (block) ids on a GPU; LOCAL axes are thread ids inside a work-group. A SERIAL
   axis (PERSIST, tensor cores) is a loop of each work-group over output tiles, around its reduce and stores.
 - GROUP axes split a reduce across a work-group's threads: each thread reduces its share, the partial results meet in
   local memory after a barrier, and either every thread reads the result or only those with group id 0 go on.
+- LANE axes (LANES, CUDA) are one thread id among a warp's neighbouring lanes, splitting both a nested contraction's own axis
+  (the partial results meet by shuffles, every lane getting the sum) and an output axis (each lane stores its part).
 - REDUCE axes are loops; UPCAST (an output axis) and UNROLL (a reduce axis) are unrolled into straight-line lanes: an UPCAST
   lane has its own accumulator and store, an UNROLL lane adds another element per loop trip.
 - a staged input (STAGE) is read through local memory: each reduce loop trip the work-group's threads copy the tile of it
@@ -22,19 +24,20 @@ Every optimization is an `Opt` applied by `apply_opt`, which reshapes and permut
 the single source of truth and a kernel's optimization is a replayable list.
 """
 from __future__ import annotations
-import copy, math
-from typing import Callable, Sequence, cast
-from tinyc.dtype import DType, dtypes
+import copy
+from typing import Callable, Sequence
+from tinyc.dtype import dtypes
 from tinyc.helpers import ALLOW_TF32, all_int, dedup, prod, to_function_name
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, ReduceOps, UnaryOps
 from tinyc.codegen.uops import PYTHON_ALU
 from tinyc.codegen.axes import (CPU_TARGET, GPU_MAX_UPCAST, KIND_COLORS, LANES, LAYOUT_RANK, MAX_UPCAST, REDUCE_SIDE, SPLIT_KINDS, TC_DTYPES,
-                                TC_SHAPE, THREADS, AxisKind, KernelOptError, KernelTarget, Opt, OptOps, TileLayout, describe_layout, tc_reduce)
+                                TC_SHAPE, THREADS, AxisKind, KernelOptError, KernelTarget, Opt, OptOps, TileLayout, describe_layout, partials_dtype,
+                                tc_reduce)
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.codegen.online import factor_invariants
-from tinyc.codegen.warpgroups import a_in_registers, check_opt, check_warpgroup, contiguous_dimension, dense_strides, warpgroup_operands
+from tinyc.codegen.tile_layout import tile_layout
+from tinyc.codegen.warpgroups import check_opt, check_warpgroup
 from tinyc.shape.symbolic import AndNode, Node, Variable, sym_max
-from tinyc.shape.view import View
 
 MAX_OUTER_GROUPS = 65535  # work-groups a GPU launches along y and z (CUDA; NVIDIA's OpenCL alike)
 
@@ -88,7 +91,17 @@ class Kernel:
     return max([self.size_of(AxisKind.UPCAST, AxisKind.FRAGMENT) * rows] + [prod(self.full_shape[axis] for axis in self.axes(*LANES) if axis in
                self.value_axes(reduceop.src[0]) or number in self.owners[axis]) for number, reduceop in enumerate(self.reduceops)])
   @property
-  def local_size(self) -> int: return self.size_of(*THREADS)  # the threads of a work-group
+  def local_size(self) -> int: return self.size_of(*THREADS) * self.lane_count  # the threads of a work-group
+  @property
+  def lane_count(self) -> int: return next((self.full_shape[axis] for axis in self.axes(AxisKind.LANE)), 1)  # (one index for all: LANES)
+  def nested_contractions(self) -> list[int]:
+    """The reduces (by number) read inside another's input that have axes of their own (schedule rule 10: attention's scores)."""
+    return [number for number, reduceop in enumerate(self.reduceops) if any(owners == {number} for owners in self.owners)
+            and any(reduceop in other.src[0].walk() for other in self.reduceops if other is not reduceop)]
+  def features(self) -> list[int]:
+    """The GLOBAL axes no nested contraction's value varies along (attention's head dim of the values): each score serves all of them."""
+    varying = set().union(*[self.value_axes(self.reduceops[number]) for number in self.nested_contractions()])
+    return [axis for axis in self.axes(AxisKind.GLOBAL) if axis not in varying and self.full_shape[axis] != 1]
   def spans(self, number: int, axis: int) -> bool:
     """Whether buffer `number` moves along `axis` (has its full size there), e.g. whether an output is a row of a reduce axis."""
     return self.sts[number].shape[axis] != 1 or self.full_shape[axis] == 1
@@ -140,43 +153,7 @@ class Kernel:
     output_terms = terms(self.sts[0])
     return all(term in output_terms for term in terms(st) if idxs[axis] in term.vars())
 
-  def tile_layout(self, number: int) -> TileLayout:
-    """Where staged buffer `number`'s tile puts each element: the unrolled reduce axes outermost, then the others in the buffer's
-    memory order. A tensor-core operand keeps its values in rows along K (all of a trip's K) or, where K is not the contiguous
-    axis, along M or N (`rows`: the axis the rows step along); a row's stride is made an odd number of 16 bytes, so the 8 rows
-    ldmatrix reads at once fall in different banks (32 for TF32 rows along M or N: a warp reads 8 values from each of 4 rows)."""
-    axes, strides = self.tile_axes(number), self.sts[number].real_strides(ignore_valid=True)
-    stride = lambda axis: math.inf if strides[axis] is None else cast(int, strides[axis])  # noqa: E731
-    load_order = sorted(axes, key=lambda axis: -stride(axis))
-    unrolled = [axis for axis in axes if self.kinds[axis] is AxisKind.UNROLL]
-    dtype, rows, order = self.bufs[number].dtype, None, unrolled + [axis for axis in load_order if axis not in unrolled]
-    if self.warpgroups and not (number == warpgroup_operands(self)[0] and a_in_registers(self)):  # rows of the contiguous dimension
-      # (K, or M or N), dense: tiles.py stores them as wgmma reads them
-      contiguous = contiguous_dimension(self, number)
-      order = [axis for axis in load_order if axis not in contiguous] + contiguous
-      view = View.create(self.full_shape, tuple(dense_strides(order, self.full_shape).get(axis, 0) for axis in range(self.shape_len)))
-      size = prod(self.full_shape[axis] for axis in order)
-      return TileLayout(view, size, {2: dtypes.uint16, 4: dtypes.uint32}[dtype.itemsize], load_order, None,
-                        prod(self.full_shape[axis] for axis in contiguous))
-    if self.axes(AxisKind.TC):  # the 8 rows and columns of ldmatrix's matrices: along M (WARP 8) or N (WARP 4 x FRAGMENT 2), and K
-      tc, warp = self.axes(AxisKind.TC)[0], next(axis for axis in axes if self.kinds[axis] is AxisKind.WARP)
-      outer = [warp] if self.full_shape[warp] == 8 else [warp, next(a for a in axes if self.kinds[a] is AxisKind.FRAGMENT and a > warp)]
-      others = [axis for axis in load_order if axis not in unrolled + outer + [tc]]
-      # rows along M or N where K is not the contiguous axis: read by ldmatrix .trans (16-bit), or a value at a time (TF32)
-      if stride(tc) > stride(outer[-1]): order, rows = unrolled + [tc] + others + outer, tc
-      else: order, rows = others + outer + unrolled + [tc], outer[-1]
-      dtype = {2: dtypes.uint16, 4: dtypes.uint32}[dtype.itemsize]  # the values' bits, moved and read as they are
-    else:
-      dtype = dtypes.float32 if dtype in TC_DTYPES else dtype  # 16-bit floats are floats in registers, and in these tiles
-      # a buffer contiguous along the unrolled axis is copied across the tile's rows: pad them, so a thread's 4 stores hit 4 banks
-      rows = unrolled[-1] if unrolled and load_order[-1] == unrolled[-1] else None
-    layout_strides, size = {}, 1
-    spread = 32 if dtype.itemsize == 4 and rows is not None and self.kinds[rows] is AxisKind.TC else 16  # bytes of a row read at once
-    for axis in reversed(order):
-      if axis == rows and (size * dtype.itemsize // spread) % 2 == 0: size += spread // dtype.itemsize
-      layout_strides[axis], size = size, size * self.full_shape[axis]
-    view = View.create(self.full_shape, tuple(layout_strides.get(axis, 0) for axis in range(self.shape_len)))
-    return TileLayout(view, size, dtype, load_order, rows)
+  def tile_layout(self, number: int) -> TileLayout: return tile_layout(self, number)  # (tile_layout.py)
 
   def describe_layout(self) -> str: return describe_layout(self.full_shape, self.kinds, self.owners)
 
@@ -237,7 +214,7 @@ class Kernel:
     self.applied_opts.append(opt)
 
   def _apply(self, opt: Opt) -> None:
-    if opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.NOLOCALS, OptOps.STAGE, OptOps.TC):
+    if opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.NOLOCALS, OptOps.STAGE, OptOps.TC, OptOps.LANES):
       check_opt(self.target.has_local, opt, "this device has no work-groups")
       check_opt(not self.dont_use_locals, opt, "NOLOCALS was applied")
     check_opt(not self.warpgroups or opt.op is OptOps.PERSIST, opt, "WARPGROUP comes after every Opt but PERSIST")
@@ -251,6 +228,7 @@ class Kernel:
     if opt.op is OptOps.TC: return self._tensor_core(opt)
     if opt.op is OptOps.PERSIST: return self._persist(opt)
     if opt.op is OptOps.WARPGROUP: return self._warpgroup(opt)
+    if opt.op is OptOps.LANES: return self._lanes(opt)
     global_axes, reduce_axes = self.axes(AxisKind.GLOBAL), self.axes(AxisKind.REDUCE)
     allowed = {OptOps.UPCAST: global_axes, OptOps.LOCAL: global_axes, OptOps.BLOCK: global_axes, OptOps.UNROLL: reduce_axes,
                OptOps.GROUP: reduce_axes, OptOps.GROUPTOP: reduce_axes, OptOps.PADTO: global_axes + reduce_axes}[opt.op]
@@ -362,6 +340,27 @@ class Kernel:
     check_opt(isinstance(size, int) and opt.amount > 1 and size % opt.amount == 0, opt, f"amount {opt.amount} must be > 1 and divide {size}")
     self.shift_to(global_axes[opt.axis], opt.amount, AxisKind.SERIAL, top=True)
 
+  def _lanes(self, opt: Opt) -> None:
+    """Split `amount` neighbouring threads of a warp off the last own axis of every nested contraction and off features axis
+    number `axis` (features(); a kernel without features takes 0 and splits none of its outputs, which lane 0 stores), each lane
+    a contiguous run of both: the lanes share each score's products, their partial sums meet by shuffles in registers
+    (thread_reduce.lane_reduce), and each lane keeps its run of the outputs. Where a thread computed every score of its queries
+    whole and read each key's row alone, a row is read once by the lanes together and the registers per query shrink by `amount`."""
+    check_opt(self.target.warp_shuffles, opt, "this device has no warp shuffles")
+    check_opt(set(self.kinds) <= {AxisKind.GLOBAL, AxisKind.REDUCE}, opt, "LANES comes before every other Opt")
+    check_opt(opt.amount in (2, 4, 8, 16, 32), opt, f"the lanes are 2, 4, 8, 16 or 32 threads of a warp, not {opt.amount}")
+    check_opt(bool(inner := self.nested_contractions()), opt, "no reduce is nested in another's loop with axes of its own")
+    features = self.features()
+    check_opt(0 <= opt.axis < max(len(features), 1), opt, f"axis {opt.axis} is not one of this kernel's {len(features)} features axes")
+    splits = [max(axis for axis in self.axes(AxisKind.REDUCE) if self.owners[axis] == {number}) for number in inner] + features[opt.axis:][:1]
+    check_opt(all(isinstance(size := self.full_shape[axis], int) and size % opt.amount == 0 for axis in splits), opt,
+              f"{opt.amount} lanes must divide the axes they split, {[self.full_shape[axis] for axis in splits]}")
+    for axis in sorted(set(splits), reverse=True):  # (the later first: the numbers of those before stay)
+      self._split(axis, opt.amount, top=True)
+      self.kinds = tuple(AxisKind.LANE if i == axis else kind for i, kind in enumerate(self.kinds))
+    self._sort_layout()
+    self._drop_size_one_axes()
+
   def _warpgroup(self, opt: Opt) -> None:
     check_warpgroup(self, opt)
     self.warpgroups = True
@@ -373,6 +372,8 @@ class Kernel:
            f"{self.local_size} threads per work-group is over this device's {self.target.max_local_size}; use a smaller amount")
     thread_axes = tuple(self.full_shape[axis] for axis in self.axes(AxisKind.LOCAL, AxisKind.GROUP))  # the last is launch dimension 0
     thread_axes += (self.size_of(AxisKind.WARP),) if self.axes(AxisKind.WARP) else ()  # a warp's threads are one dimension
+    thread_axes += (self.lane_count,) if self.axes(AxisKind.LANE) else ()  # and so are the LANE axes' lanes
+    check_opt(not (self.axes(AxisKind.LANE) and self.axes(AxisKind.GROUP)), opt, "LANES and GROUP do not mix")
     limits = self.target.max_local_dim_sizes
     check_opt(len(thread_axes) <= len(limits), opt, "no launch dimension is left for another local axis; use fewer LOCAL/GROUP axes")
     check_opt(all(size <= limit for size, limit in zip(reversed(thread_axes), limits)), opt,
@@ -416,11 +417,6 @@ class Kernel:
     if lanes := self.axes(*LANES): sizes.insert(lanes[0] + bool(self.reduceops), "")
     return to_function_name(f"{prefix}_{'_'.join(sizes)}".replace("__", "_"))
 
-def partials_dtype(dtype: DType) -> DType:
-  """What a group reduce's partial results are in local memory: float for 16-bit floats, as in registers (OpenCL has no half
-  arrays without cl_khr_fp16)."""
-  return dtypes.float32 if dtype in TC_DTYPES else dtype
-
 def _describe(axes: Sequence[int]) -> str: return f"axes {list(axes)}" if len(axes) else "no axes"
 
 def _loads_outside_reduces(node: LazyOp) -> set[MemBuffer | ConstBuffer]:
@@ -439,4 +435,4 @@ def _is_zero_where_padded(node: LazyOp) -> bool:
   except (KeyError, ArithmeticError, ValueError): return False
 
 __all__ = ["CPU_TARGET", "GPU_MAX_UPCAST", "KIND_COLORS", "LANES", "LAYOUT_RANK", "MAX_UPCAST", "REDUCE_SIDE", "SPLIT_KINDS", "TC_DTYPES", "TC_SHAPE",
-           "THREADS", "AxisKind", "Kernel", "KernelOptError", "KernelTarget", "Opt", "OptOps", "TileLayout"]
+           "THREADS", "AxisKind", "Kernel", "KernelOptError", "KernelTarget", "Opt", "OptOps", "TileLayout", "partials_dtype"]

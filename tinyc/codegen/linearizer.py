@@ -13,13 +13,14 @@ from tinyc.helpers import DEBUG, prod
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, ReduceOps, TernaryOps, UnaryOps, const_key
 from tinyc.shape.shapetracker import flatten_node
 from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, simplify_given_valid, sint, sym_max
-from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel, partials_dtype
+from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel
 from tinyc.codegen.uops import (PACKED_16_BIT, PYTHON_ALU, VECTOR_WIDTH, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind,
                                UOp, UOps, cast_python_value, without_unused)
 from tinyc.codegen.tiles import Tile, define_tile, enter_trip, leave_trip, load_tiles, mma, start_tile_copies, store_tiles, wgmma
 from tinyc.codegen.packing import LOADED_DTYPES, pack, packed_axis
 from tinyc.codegen.online import online_groups, online_reduce
 from tinyc.codegen.bounds import identity_masks, loop_range
+from tinyc.codegen.thread_reduce import group_reduce, lane_reduce
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
 IDENTITY = {BinaryOps.ADD: 0, BinaryOps.MUL: 1}
@@ -59,6 +60,7 @@ class Linearizer:
     self._scopes: list[list[tuple]] = [[]]  # keys made inside each open loop, forgotten when it ends
     self.loop_uops: dict[str, UOp] = {}
     self.thread_idxs: dict[int, Node] = {}  # the index variable of each GLOBAL, LOCAL and GROUP axis
+    self.lane_index: Node = NumNode(0)  # the one index of the LANE axes (thread_indices)
     self.open_ifs: list[UOp] = []  # blocks that close at the kernel's end (the threads with group id 0 going on alone)
     self._value_axes: dict[LazyOp, frozenset[int]] = {}
     self._partials: dict[LazyOp, UOp] = {}  # each group reduce's local memory
@@ -66,6 +68,7 @@ class Linearizer:
     self.tiles_stored = False  # whether threads store tensor-core tiles themselves (not all copies in the background)
     self._locals: list[UOp] = []  # defined right after the parameters, at the kernel's scope, wherever they are used
     self._open_loops: list[UOp] = []  # the loops around the code being made
+    self._scope_depth: dict[UOp, int] = {}  # each loop's place in _scopes (the scopes before it are those around it)
     self.index_dtype = dtypes.int32 if max(st.real_size() for st in kernel.sts) < 2**31 else dtypes.int64
     # one global per buffer number: a buffer read through two views is still one argument
     dtype_of_buffer = {buf.idx: buf.dtype for buf in kernel.bufs if isinstance(buf, MemBuffer)}
@@ -115,6 +118,7 @@ class Linearizer:
     bounds = bounds or (self.const(0, self.index_dtype), self.index(size) if isinstance(size, Node) else self.const(size, self.index_dtype))
     loop = self.uop(UOps.LOOP, self.index_dtype, bounds, Loop(name, vectorize, outermost_global, size), pure=False)
     self.loop_uops[name] = loop
+    self._scope_depth[loop] = len(self._scopes)
     self._open_loops.append(loop)
     self._scopes.append([])
     return loop
@@ -196,7 +200,10 @@ class Linearizer:
       if (tile := self.tiles.get(buf)) is not None:
         assert scope.tile_stage is not None, "a staged buffer is read inside its reduce loop"
         return self.read(tile.memory, lanes.sizes, [(tile.index(idxs, scope.tile_stage), NumNode(1)) for idxs in lanes.idxs], buf.dtype)
-      return self.read(self.globals[buf.idx], lanes.sizes, [st.expr_idxs(idxs) for idxs in lanes.idxs], buf.dtype, lanes.packed)
+      addresses = [st.expr_idxs(idxs) for idxs in lanes.idxs]
+      def read() -> list[UOp]: return self.read(self.globals[buf.idx], lanes.sizes, addresses, buf.dtype, lanes.packed)
+      if (loop := self.invariant_loop(buf, addresses)) is not None: return self.before(loop, read)
+      return read()
     if node.op in ReduceOps:
       if node not in scope.reduced: self.reduce(node, scope)  # a reduce that depends on an axis bound here and no further out
       key_axes, results = scope.reduced[node]
@@ -205,6 +212,28 @@ class Linearizer:
     if node.op is UnaryOps.CAST: return [self.cast(value, node.arg) for value in srcs[0]]
     if node.op is UnaryOps.BITCAST: return [self.uop(UOps.BITCAST, node.arg, (value,)) for value in srcs[0]]
     return [self.alu(node.op, node.dtype, *values) for values in zip(*srcs)]
+
+  def invariant_loop(self, buf: MemBuffer, addresses: list[Address]) -> UOp | None:
+    """On a GPU, the outermost of the reduce loops around here whose trips, and those of every loop inside it, all read an input's
+    elements at the same addresses: attention's query row in the loop over the keys, which ptxas left there for 16-bit values."""
+    if not self.threads or buf.idx < self.kernel.n_outputs: return None
+    used = {var.expr for index, valid in addresses for var in index.vars() | valid.vars()}
+    loops = list(itertools.takewhile(lambda loop: loop.arg.name not in used and loop.arg.name.startswith("ridx"), reversed(self._open_loops)))
+    return loops[-1] if loops else None
+
+  def before(self, loop: UOp, make: Callable[[], list[UOp]]) -> list[UOp]:
+    """What `make` makes (pure UOps: loads and their index math), placed just before `loop` and reused there by the code after it."""
+    depth, scopes, mark = self._scope_depth[loop], self._scopes, len(self.uops)
+    hidden = {key: self._made.pop(key) for scope in scopes[depth:] for key in scope if key in self._made}  # made inside: not before it
+    self._scopes = scopes[:depth]
+    try: made = make()
+    finally: self._scopes = scopes
+    self._made.update(hidden)
+    moved = self.uops[mark:]
+    del self.uops[mark:]
+    at = next(position for position, uop in enumerate(self.uops) if uop is loop)
+    self.uops[at:at] = moved
+    return made
 
   def lanes(self, scope: Scope) -> Lanes:
     """Every combination of the scope's lane axes' values, each as one index per axis (an axis not bound reads index 0)."""
@@ -215,7 +244,8 @@ class Linearizer:
   def linearize(self) -> list[UOp]:
     kernel = self.kernel
     global_loops = self.thread_indices()
-    top = Scope({axis: self.thread_idxs[axis] for axis in kernel.axes(AxisKind.GLOBAL, AxisKind.SERIAL, AxisKind.LOCAL, AxisKind.WARP)},
+    bound = kernel.axes(AxisKind.GLOBAL, AxisKind.SERIAL, AxisKind.LOCAL, AxisKind.WARP, AxisKind.LANE)
+    top = Scope({axis: self.thread_idxs[axis] for axis in bound},
                 kernel.axes(AxisKind.UPCAST, AxisKind.FRAGMENT), {})
     if serial_axes := kernel.axes(AxisKind.SERIAL):  # a persistent kernel: its tile stages start once, before the loop over its tiles
       self._stage_barriers = start_tile_copies(self, top.bound, kernel.axes(AxisKind.REDUCE))
@@ -227,7 +257,11 @@ class Linearizer:
     for store in rows: self.store(store, top)
     if (singles := [store for store in kernel.stores if store not in rows]) and kernel.axes(AxisKind.GROUP) and not self.open_ifs:
       self.open_ifs.append(self.open_if(self.group_member() < 1))
-    for store in singles: self.store(store, top)
+    # with LANES, the outputs each lane has a part of first, then the others by lane 0 alone
+    lane_parts = {store for store in singles if any(kernel.spans(kernel.bufs.index(store.arg), axis) for axis in kernel.axes(AxisKind.LANE))}
+    for store in sorted(singles, key=lambda store: store not in lane_parts):
+      if kernel.axes(AxisKind.LANE) and store not in lane_parts and not self.open_ifs: self.open_ifs.append(self.open_if(self.lane_index < 1))
+      self.store(store, top)
     for block in reversed(global_loops + self.open_ifs): self.end(block)
     if serial_axes: self.uop(UOps.ASYNC_WAIT, None, pure=False)  # no copy left running (they were for tiles past the last)
     self.uops = without_unused(self.uops)  # such as the scalar lanes packed into vectors
@@ -242,21 +276,26 @@ class Linearizer:
     columns has its LOCAL columns, not its GROUP rows, on neighbouring threads."""
     kernel = self.kernel
     global_axes, thread_axes, warp_axes = kernel.axes(AxisKind.GLOBAL), kernel.axes(AxisKind.LOCAL, AxisKind.GROUP), kernel.axes(AxisKind.WARP)
+    lane_axes = kernel.axes(AxisKind.LANE)
     def clean(axis: int) -> bool:  # some input reads it contiguously, none with a stride
       strides = {st.real_strides(True)[axis] for st in kernel.sts[kernel.n_outputs:]} - {0}
       return strides == {1}
     if kernel.axes(AxisKind.GROUP) and not warp_axes and not clean(thread_axes[-1]): thread_axes = sorted(thread_axes, key=clean)  # (stable)
-    for axes, prefix, kind in ((global_axes, "g", ThreadKind.GROUP if thread_axes or warp_axes else ThreadKind.GLOBAL),
+    for axes, prefix, kind in ((global_axes, "g", ThreadKind.GROUP if thread_axes or warp_axes or lane_axes else ThreadKind.GLOBAL),
                                (thread_axes, "l", ThreadKind.LOCAL)):
       for position, axis in enumerate(axes):
-        name, size, dim = f"{prefix}idx{axis}", kernel.full_shape[axis], len(axes) - 1 - position + (prefix == "l" and bool(warp_axes))
+        name, size, dim = f"{prefix}idx{axis}", kernel.full_shape[axis], len(axes) - 1 - position + (prefix == "l" and bool(warp_axes or lane_axes))
         self.thread_idxs[axis] = Variable(name, 0, sym_max(size) - 1)
         if self.threads: self.loop_uops[name] = self.uop(UOps.SPECIAL, self.index_dtype, (), ThreadIndex(dim, name, size, kind), pure=False)
     for axis in kernel.axes(AxisKind.SERIAL): self.thread_idxs[axis] = Variable(f"sidx{axis}", 0, kernel.full_shape[axis] - 1)  # (linearize's loop)
     if warp_axes:
       self.loop_uops["lane"] = self.uop(UOps.SPECIAL, self.index_dtype, (), ThreadIndex(0, "lane", 32, ThreadKind.LOCAL), pure=False)
       self.thread_idxs[warp_axes[0]], self.thread_idxs[warp_axes[1]] = self.lane // 4, self.lane % 4
-    assert self.threads or not thread_axes + warp_axes, "LOCAL, GROUP and WARP axes need a GPU"
+    if lane_axes:  # one index for all of them, the neighbouring threads of dimension 0
+      self.lane_index = Variable("lane", 0, kernel.lane_count - 1)
+      self.loop_uops["lane"] = self.uop(UOps.SPECIAL, self.index_dtype, (), ThreadIndex(0, "lane", kernel.lane_count, ThreadKind.LOCAL), pure=False)
+      self.thread_idxs.update({axis: self.lane_index for axis in lane_axes})
+    assert self.threads or not thread_axes + warp_axes + lane_axes, "LOCAL, GROUP, WARP and LANE axes need a GPU"
     return [] if self.threads else [self.loop(f"gidx{axis}", kernel.full_shape[axis], axis, outermost_global=axis == global_axes[0])
                                     for axis in global_axes]
 
@@ -352,47 +391,11 @@ class Linearizer:
     if packed is not None:  # each key's lane of its accumulator
       partials = [self.uop(UOps.GEP, reduceop.dtype, (partials[acc_keys.index(tuple(key[key_axes.index(axis)] for axis in acc_axes))],),
                            key[key_axes.index(packed)]) for key in keys]
+    if any(number in kernel.owners[axis] for axis in kernel.axes(AxisKind.LANE)): partials = [lane_reduce(self, op, value) for value in partials]
     if grouped:
       last = reduceop is kernel.reduceops[-1] and all(other in outer.reduced for other in kernel.reduceops[:-1])
-      partials = self.group_reduce(reduceop, partials, everyone=bool(self._open_loops) or not last or kernel.stores_rows)
+      partials = group_reduce(self, reduceop, partials, everyone=bool(self._open_loops) or not last or kernel.stores_rows)
     outer.reduced[reduceop] = (tuple(key_axes), dict(zip(keys, partials)))
-
-  def group_reduce(self, reduceop: LazyOp, partials: list[UOp], everyone: bool) -> list[UOp]:
-    """Finish a reduce split across the work-group: the threads' partial results meet in local memory, where a tree adds them up
-    (for a power-of-two group: half the threads add the other half's, barrier, and again) or each reading thread walks them all.
-    Then every thread reads the results (`everyone`), or only those with group id 0 go on."""
-    kernel, lanes, op = self.kernel, len(partials), cast(ReduceOps, reduceop.op)
-    local_axes, member = kernel.axes(AxisKind.LOCAL), self.group_member()
-    group_count = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GROUP))
-    first_slot = flatten_node([self.thread_idxs[axis] for axis in local_axes], [kernel.full_shape[axis] for axis in local_axes]) * group_count
-    if (memory := self._partials.get(reduceop)) is None:  # one buffer a reduce, however often it is computed: no barrier between reduces
-      name = "partials" + str(len(self._locals) or "")
-      memory = self._partials[reduceop] = self.define_local(partials_dtype(reduceop.dtype), name, kernel.local_size * kernel.partial_lanes(reduceop))
-    def read(index: Node, lane: int) -> UOp:  # not pure: a value read before a barrier is stale after it
-      loaded = self.uop(UOps.LOAD, partials_dtype(reduceop.dtype), (memory, self.index(index * lanes + lane)), pure=False)
-      return self.cast(loaded, reduceop.dtype)
-    def write(index: Node, lane: int, value: UOp) -> None:
-      self.uop(UOps.STORE, None, (memory, self.index(index * lanes + lane), self.cast(value, partials_dtype(reduceop.dtype))), pure=False)
-    mine = first_slot + member
-    for lane, partial in enumerate(partials): write(mine, lane, partial)
-    self.barrier()
-    tree = group_count & (group_count - 1) == 0
-    for half in [group_count >> step for step in range(1, group_count.bit_length())] if tree else []:  # log2(group) steps, not one walk
-      step = self.open_if(member < half)
-      for lane in range(lanes):
-        write(mine, lane, self.alu(REDUCE_TO_ALU[op], reduceop.dtype, read(mine, lane), read(mine + half, lane)))
-      self.end(step)
-      self.barrier()
-    if not everyone: self.open_ifs.append(self.open_if(member < 1))
-    if tree: results = [read(first_slot, lane) for lane in range(lanes)]
-    else:
-      accs = self.define_accs(reduceop, lanes)
-      loop = self.loop("group_member", group_count, None)
-      for lane, acc in enumerate(accs): self.accumulate(op, acc, read(first_slot + Variable("group_member", 0, group_count - 1), lane))
-      self.end(loop)
-      results = [self.uop(UOps.LOAD, reduceop.dtype, (acc,), pure=False) for acc in accs]
-    if self._open_loops: self.barrier()  # the next trip of the loop around writes the partials again
-    return results
 
   def define_local(self, dtype: DType, name: str, size: int) -> UOp:
     """Local memory, defined at the kernel's scope (OpenCL allows no other) wherever it is used."""

@@ -11,6 +11,7 @@ from tinyc.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, Unary
 from tinyc.shape.symbolic import Node, NumNode
 from tinyc.codegen.uops import UOp, UOps
 from tinyc.codegen.axes import AxisKind
+from tinyc.codegen.thread_reduce import group_reduce
 if TYPE_CHECKING:
   from tinyc.codegen.kernel import Kernel
   from tinyc.codegen.linearizer import Linearizer, Scope
@@ -82,7 +83,7 @@ def online_groups(kernel: Kernel) -> dict[LazyOp, OnlineGroup]:
     scales = [_exp_scale(reduce.src[0], peak) if reduce.op is ReduceOps.SUM else None for reduce in readers]
     if not readers or None in scales or any(other in reduce.src[0].walk() for reduce in readers for other in readers): continue
     if any({axis for axis, owners in enumerate(kernel.owners) if kernel.reduceops.index(reduce) in owners} != side or
-           any(kernel.kinds[axis] not in (AxisKind.GLOBAL, AxisKind.LOCAL, AxisKind.UPCAST) for axis in
+           any(kernel.kinds[axis] not in (AxisKind.GLOBAL, AxisKind.LOCAL, AxisKind.UPCAST, AxisKind.LANE) for axis in
                kernel.value_axes(reduce, memo) - kernel.value_axes(peak, memo)) for reduce in readers): continue
     group = OnlineGroup(peak, tuple(readers), tuple(cast(float, scale) for scale in scales))
     groups.update({member: group for member in (peak, *readers)})
@@ -143,12 +144,12 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, grouped: li
   results = {reduce: [lin.uop(UOps.LOAD, dtype, (acc,), pure=False) for acc in accs[reduce]] for reduce in members}
   if grouped:
     own_peaks = dict(zip(keys[group.peak], results[group.peak]))
-    results[group.peak] = lin.group_reduce(group.peak, results[group.peak], everyone=True)
+    results[group.peak] = group_reduce(lin, group.peak, results[group.peak], everyone=True)
     peaks = {key: usable(peak) for key, peak in zip(keys[group.peak], results[group.peak])}
     for reduce, scale in zip(group.sums, group.scales):  # a thread that saw no key (its max -inf) has sums of 0, and exp2(-inf) is 0
       scaled = [rescaled(partial, own_peaks[peak_key(reduce, key)], peaks[peak_key(reduce, key)], scale)
                 for key, partial in zip(keys[reduce], results[reduce])]
-      results[reduce] = lin.group_reduce(reduce, scaled, everyone=True)
+      results[reduce] = group_reduce(lin, reduce, scaled, everyone=True)
   for reduce in members: outer.reduced[reduce] = (tuple(key_axes[reduce]), dict(zip(keys[reduce], results[reduce])))
 
 def _reads_peak(node: LazyOp, peak: LazyOp) -> bool:

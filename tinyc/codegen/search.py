@@ -25,7 +25,7 @@ ACTIONS: list[Opt] = [Opt(op, axis, amount) for op, axes, amounts in [
   (OptOps.GROUP, range(3), (0, 4, 8, 16, 32, 64, 128, 256, 512)), (OptOps.PADTO, range(7), (32,)), (OptOps.NOLOCALS, range(1), (0,)),
   (OptOps.STAGE, range(1, 4), (0,)), (OptOps.TC, range(2), (2, 3, 4)),
   (OptOps.PERSIST, range(2), (2, 3, 4, 8)), (OptOps.WARPGROUP, range(1), (0,)),
-  (OptOps.BLOCK, range(3), (4, 5, 8, 16, 25, 32))] for amount in amounts for axis in axes]
+  (OptOps.BLOCK, range(3), (4, 5, 8, 16, 25, 32)), (OptOps.LANES, range(1), (4, 8, 16))] for amount in amounts for axis in axes]
 
 # upcast lanes a search step may grow a kernel to. A GPU target allows 1024 (the heuristic's staged matmul), but every kernel
 # searched up to that many had so many slow-compiling candidates that the CNN train step's search took 96 s instead of 32.

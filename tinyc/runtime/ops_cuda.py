@@ -179,7 +179,7 @@ def open_device() -> Compiled:
                         local_memory_bytes=attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
                         max_local_dim_sizes=(attribute("MAX_BLOCK_DIM_X"), attribute("MAX_BLOCK_DIM_Y"), attribute("MAX_BLOCK_DIM_Z")),
                         tensor_cores=device.compute_capability() >= (8, 0), warpgroups=device.compute_capability() == (9, 0),
-                        compute_units=attribute("MULTIPROCESSOR_COUNT"))
+                        compute_units=attribute("MULTIPROCESSOR_COUNT"), warp_shuffles=True)
   backend = Compiled("CUDA", CUDAAllocator(), render_cuda, compiler.compile, language="CUDA C", threads=True,
                      max_local=min(256, attribute("MAX_THREADS_PER_BLOCK")), target=target,
                      compile_binary=functools.partial(compile_cuda, arch=compiler.arch, output="cubin"), load=compiler.load,

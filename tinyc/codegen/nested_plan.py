@@ -1,0 +1,150 @@
+"""Layer 3: the heuristic's plan for kernels with reduces nested in another's loop (schedule rule 10: attention, an MLP's hidden layer
+recomputed), and the steps every plan takes (an Opt tried, an axis upcast). Imports helpers, ops, codegen/kernel, codegen/online;
+heuristic.py calls nested_plan before its other plans.
+"""
+from __future__ import annotations
+import math
+from tinyc.helpers import prod
+from tinyc.ops import MemBuffer
+from tinyc.codegen.kernel import AxisKind, Kernel, KernelOptError, Opt, OptOps
+from tinyc.codegen.online import online_groups
+
+# threads of a work-group along the queries of a kernel with nested contractions: 64 or 128 ran alike on the H200, none (the runtime's
+# choice) up to 1.3x slower
+NESTED_THREADS = 64
+# lanes a key's nested reduces unroll together on a GPU: one by 8 (float32 16-byte loads; by 4 ran slower), two by 4 each (the
+# backward's dq and dk, bfloat16, causal 8x16x2048x64 on the H200: by 8 each 40 ms, by 4 each 17-22; float32 alike)
+NESTED_UNROLL = 8
+# threads a nested kernel's keys (its outer reduce) are split among where softmax's max and sums run in one loop, or the inputs are 16-bit
+# (attention's backward). H200, causal attention, ms before -> after at 8x6x512x64 / 8x16x2048x64. float32: log-sum-exp 0.40 -> 0.22 /
+# 7.4 -> 7.1, output 0.59 -> 0.46 / 22.7 -> 21.2; bfloat16: log-sum-exp 0.81 -> under 0.33 / 9.5 -> 8.8, output 1.54 -> 0.71 / 39.2
+# -> 29.0, dq, dk and dv 0.54, 0.63, 0.47 -> 0.44, 0.38, 0.27 / 17.1, 20.2, 12.9 -> 14.0, 17.7, 12.5. Not the float32 backward's (0.45-0.57
+# -> 0.65-0.67 / 19.3-20.7 -> 22.9-25.9), nor by 4 (slower than by 2 in all but the log-sum-exp)
+NESTED_GROUP = 2
+# threads a compute unit of a wave: a nested kernel with fewer threads splits its keys in any case (its rows, causal ones above all,
+# are long chains), by 2 NESTED_GROUPs where no features make its threads' partials many. H200 8x6x512x64 (a wave of 384 work-groups)
+# ms: float32 dv 0.505 -> 0.393, log-sum-exp 0.212 -> 0.184 by 4 (bfloat16 0.313 -> 0.196); at 8x16x2048x64 (waves of them) dv by 2
+# ran 7.70 -> 9.59, the log-sum-exp by 4 4.64 -> 4.75. Not dq and dk, two nested reduces (by 2 at 512: 0.463, 0.415 -> 0.448, 0.457)
+NESTED_WAVE = 256
+# elements of a head dim a GPU unrolls whole in each nested reduce: a query's row is then read once a thread, into registers, where a loop
+# of NESTED_UNROLL lanes read it for every key. ptxas unrolls and hoists that loop itself for a float32 row of up to 8 trips (168
+# registers either way; whole ran within 1% and the output 5% slower at 2048), so those keep it. H200, causal, ms, NESTED_UNROLL lanes
+# -> whole: bfloat16 8x6x512x64 output 0.73 -> 0.47, dv 0.26 -> 0.22, dq 0.37 -> 0.29, log-sum-exp 0.20 -> 0.18; 8x16x2048x64 output
+# 23.4 -> 16.9, dq 8.4 -> 6.9; 8x8x1024x128 log-sum-exp 3.3 -> 1.5, output 10.0 -> 5.4, dq and dk 7.6-7.7 -> 6.7-7.1, dv 3.6 -> 2.8;
+# float32 8x8x1024x128: dq and dk 15.3 and 14.9 -> 8.3 and 8.9, dv 8.6 -> 6.4, log-sum-exp 3.3 -> 2.5, but the output 6.2 -> 7.6
+# (128 accumulators and the row: 112 bytes spilled)
+NESTED_ROW = 128
+# features and head dim up to which a float32 kernel of one nested reduce gives 2 threads a pair of queries (each thread half the features
+# of both, LOCAL 2): each key's loaded rows serve 2 queries (the scores are computed by both threads). H200 causal, ms: 8x6x512x64 output
+# 0.393 -> 0.349, dv 0.404 -> 0.299; 8x16x2048x64 9.5 and 6.3 against 12.1 and 7.6. Not bfloat16 (output 0.48 -> 0.83), nor dq and
+# dk (4 rows in registers: 0.44 -> 1.5), nor 4 threads a pair or a quad (slower)
+NESTED_PAIR = 64
+
+def nested_plan(kernel: Kernel) -> bool:
+  """A kernel with reduces nested in another's loop with loops of their own (schedule rule 10: attention's scores q.k, the backward's
+  dO.v, an MLP's hidden layer) gets a plan of its own, and returns whether it did (the other plans were made for one reduce):
+  - the output axes those reduces do not vary along (the values' features, 128 or fewer) upcast whole, so each score is computed
+    once per element: upcast 4 of 40 features, the scores were computed 10 times over (CPU, causal 3x5x197x40 forward and
+    backward: 1775 ms against 68 stored);
+  - the last axis they do vary along (the queries) upcast by 4 on a CPU, so each key's loads serve 4 queries (causal SDPA
+    1x2x128x64 backward kernels 1.1 -> 0.53 ms); by 8 where no features were upcast (the log-sum-exp): causal 8x4x256x32 on a 2-core
+    AVX2 guest 3.3 -> 2.5 ms alone (interleaved), 64-92 -> 55-64 ms over the CPU GPT bench's profiled steps (the output and dv by 8 ran
+    16-21% faster alone but no faster in the GPT's steps; dq and dk no faster alone);
+  - on a GPU, the nested reduces' own axes (the head dim) unrolled by NESTED_UNROLL lanes in all, so they read 16-byte
+    vectors (a bf16 score read one 2-byte element a load from a row per thread: 10x slower than float32), or whole (NESTED_ROW);
+    float32 features split between 2 threads that share a pair of queries (NESTED_PAIR); the queries split across
+    NESTED_THREADS threads, and where no features were upcast, the queries upcast by 2. H200, causal 8x16x2048x64, ms before ->
+    after, float32 / bfloat16: log-sum-exp 78 -> 7.5 / 143 -> 9.9, output 36 -> 24 / 437 -> 39, dv 38 -> 21 / 145 -> 13, dq and dk
+    29-32 -> 19-20 / 288 -> 17-22."""
+  if not (inner := kernel.nested_contractions()): return False
+  if kernel.target.warp_shuffles and lanes_plan(kernel): return True
+  varying = set().union(*[kernel.value_axes(kernel.reduceops[number]) for number in inner])
+  shared = [axis for axis in kernel.axes(AxisKind.GLOBAL) if axis not in varying and kernel.full_shape[axis] > 1]
+  own = [index for index, axis in enumerate(kernel.axes(AxisKind.REDUCE)) if len(kernel.owners[axis]) == 1 and kernel.owners[axis] <= set(inner)]
+  rows_of = [kernel.full_shape[kernel.axes(AxisKind.REDUCE)[index]] for index in own]
+  sixteen_bit = any(buf.dtype.itemsize == 2 for buf in kernel.bufs[kernel.n_outputs:] if isinstance(buf, MemBuffer))
+  paired = (kernel.target.has_local and not sixteen_bit and len(inner) == 1 and len(shared) == 1 and kernel.full_shape[shared[0]] % 2 == 0
+            and max(kernel.full_shape[shared[0]], *rows_of) <= NESTED_PAIR and try_opt(kernel, Opt(OptOps.UPCAST, (features := kernel.axes(
+            AxisKind.GLOBAL).index(shared[0])), kernel.full_shape[shared[0]] // 2)) and try_opt(kernel, Opt(OptOps.LOCAL, features, 0)))
+  if not paired and not all([upcast_whole(kernel, axis) for axis in reversed(shared)]): return False  # (the last first: numbers stay)
+  def rows() -> list[int]: return [axis for axis in kernel.axes(AxisKind.GLOBAL) if kernel.full_shape[axis] > 1]
+  if not kernel.target.has_local:
+    try_upcast(kernel, rows()[-1:], (4, 2) if kernel.upcast_size > 1 else (8, 4, 2))
+    return True
+  whole = max(rows_of) <= NESTED_ROW and (sixteen_bit or paired or max(rows_of) > 8 * NESTED_UNROLL)
+  amounts = [0] if whole else [amount for amount in (8, 4, 2) if amount * len(own) <= NESTED_UNROLL] or [2]
+  for index in reversed(own): next((amount for amount in amounts if try_opt(kernel, Opt(OptOps.UNROLL, index, amount))), None)
+  if not shared or paired: try_upcast(kernel, rows()[-1:], (2,))
+  outer = [index for index, axis in enumerate(kernel.axes(AxisKind.REDUCE)) if not kernel.owners[axis] <= set(inner)]
+  short = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GLOBAL)) < kernel.target.compute_units * NESTED_WAVE
+  split = NESTED_GROUP * (2 if short and not shared else 1)
+  splits = online_groups(kernel) or sixteen_bit or short and len(inner) == 1
+  grouped = len(outer) == 1 and bool(splits) and try_opt(kernel, Opt(OptOps.GROUP, outer[0], split))
+  threads = NESTED_THREADS // (NESTED_GROUP if grouped else 1) // (2 if paired else 1)
+  if rows() and (divisors := [d for d in range(2, threads + 1) if kernel.full_shape[rows()[-1]] % d == 0]):
+    try_opt(kernel, Opt(OptOps.LOCAL, rows()[-1], divisors[-1]))
+  return True
+
+# lanes of a warp a nested kernel's scores and features are split among on CUDA (LANES): 4, or 8 where its threads would fall short of
+# NESTED_WAVE a compute unit; queries a thread upcasts (2 of 16-bit inputs); query groups of lanes a work-group; keys (the outer
+# reduce) unrolled, so a trip's scores are independent chains and the online max rescales its sums once per NESTED_LANE_KEYS keys.
+# H200, causal attention, ms, the plan before (a thread a query, section 5 of the design) -> the best of 37 LANES plans (lanes 4 or
+# 8, queries 2, 4 or 8, 64 or 128 threads, keys by 1, 2 or 4); these rules take the best or one within 10% of it: 8x16x2048x64
+# float32 log-sum-exp 4.86 -> 2.18, output 9.73 -> 3.98, dq 11.48 -> 6.32, dk 8.80 -> 5.77, dv 6.38 -> 3.37; bfloat16 4.61 -> 3.31,
+# 16.83 -> 13.04, 7.24 -> 5.36, 6.77 -> 4.96, 5.06 -> 2.95; 8x6x512x64 float32 0.190 -> 0.123, 0.331 -> 0.166, 0.492 -> 0.244, 0.435
+# -> 0.241, 0.320 -> 0.161; bfloat16 0.203 -> 0.151, 0.483 -> 0.406, 0.292 -> 0.192, 0.284 -> 0.200, 0.220 -> 0.140. Keys by 1
+# gained 20-35% in float32 and nothing in bfloat16
+NESTED_LANES = 4
+NESTED_LANE_QUERIES = 4
+NESTED_LANE_GROUPS = 16
+NESTED_LANE_KEYS = 4
+# values of its queries' rows and accumulators a thread may hold before more lanes share them: float32 dq and dk at 8x16x2048x64 (two
+# rows and the features: 192 values with 4 lanes) 8.75 and 7.98 ms with 4 lanes, 6.32 and 5.97 with 8
+NESTED_LANE_VALUES = 128
+
+def lanes_plan(kernel: Kernel, lanes: int = 0, queries: int = 0, groups: int = NESTED_LANE_GROUPS, keys: int = NESTED_LANE_KEYS) -> bool:
+  """On CUDA, a nested kernel's scores computed by `lanes` neighbouring threads together (LANES), each lane a run of the head dim
+  (unrolled whole) and of the features (upcast whole); the queries upcast by `queries`, `groups` of lanes a work-group along them, and
+  the keys unrolled by `keys`. Where a thread computed every score of its queries alone and read each key's row alone, the lanes
+  read a row together, 16 bytes each, and each lane holds a share of the accumulators (0: the amounts the rules above pick)."""
+  sixteen_bit = any(buf.dtype.itemsize == 2 for buf in kernel.bufs[kernel.n_outputs:] if isinstance(buf, MemBuffer))
+  queries = queries or NESTED_LANE_QUERIES // (2 if sixteen_bit else 1)
+  query_rows = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GLOBAL) if axis not in kernel.features())
+  if not lanes:
+    lanes = NESTED_LANES * (2 if query_rows // queries * NESTED_LANES < kernel.target.compute_units * NESTED_WAVE else 1)
+    own = [max(kernel.full_shape[a] for a in kernel.axes(AxisKind.REDUCE) if kernel.owners[a] == {n}) for n in kernel.nested_contractions()]
+    row = sum(own) + sum(kernel.full_shape[axis] for axis in kernel.features())  # values a query's rows and accumulators hold
+    while queries * row // lanes > NESTED_LANE_VALUES and lanes < 32: lanes *= 2
+  while lanes > 1 and not try_opt(kernel, Opt(OptOps.LANES, 0, lanes)): lanes //= 2
+  if lanes == 1: return False
+  for axis in reversed(kernel.features()): upcast_whole(kernel, axis)
+  inner = kernel.nested_contractions()
+  for index in reversed(range(len(kernel.axes(AxisKind.REDUCE)))):
+    if kernel.owners[kernel.axes(AxisKind.REDUCE)[index]] <= set(inner): try_opt(kernel, Opt(OptOps.UNROLL, index, 0))
+  if keys > 1 and (outer := kernel.axes(AxisKind.REDUCE)): try_opt(kernel, Opt(OptOps.UNROLL, len(outer) - 1, keys))
+  def rows() -> list[int]: return [axis for axis in kernel.axes(AxisKind.GLOBAL) if kernel.full_shape[axis] > 1]
+  if rows() and queries > 1: try_upcast(kernel, rows()[-1:], (queries, 2))
+  if rows() and (divisors := [d for d in range(2, groups + 1) if kernel.full_shape[rows()[-1]] % d == 0]):
+    try_opt(kernel, Opt(OptOps.LOCAL, rows()[-1], divisors[-1]))
+  return True
+
+def upcast_whole(kernel: Kernel, axis: int) -> bool:
+  """Upcast a GLOBAL axis whole. On a CPU, a size that is not a power of two is first upcast by the largest power of two up to a vector
+  register's lanes that divides it: the linearizer packs the lanes of one axis into one vector, and LLVM builds a vector of another
+  width lane by lane (an attention kernel of 80 features: 963 vinsertps, dv 42 -> 8.3 ms; 48 features 19 -> 6.5, 96 27 -> 10)."""
+  size = kernel.full_shape[axis]
+  if not kernel.target.has_local and size & (size - 1) and (width := math.gcd(size, kernel.target.vector_lanes)) > 1:
+    try_opt(kernel, Opt(OptOps.UPCAST, axis, width))
+  return try_opt(kernel, Opt(OptOps.UPCAST, axis, 0))
+
+def try_upcast(kernel: Kernel, axes: list[int], amounts: tuple[int, ...]) -> int | None:
+  """Upcast the last of `axes` that takes one of `amounts` (the first that divides it; 0, the whole axis, only up to 16): that axis."""
+  for axis in reversed(axes):
+    for amount in amounts:
+      if (amount != 0 or kernel.full_shape[axis] <= 16) and try_opt(kernel, Opt(OptOps.UPCAST, axis, amount)): return axis
+  return None
+
+def try_opt(kernel: Kernel, opt: Opt) -> bool:
+  try: kernel.apply_opt(opt)
+  except KernelOptError: return False
+  return True
