@@ -70,6 +70,18 @@ def test_online_softmax_walks_the_keys_once():
   uops = Linearizer(Kernel(ast)).linearize()
   assert sum(1 for uop in uops if uop.op is UOps.LOOP and uop.src[1].arg == 20) == 1
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_sdpa_forward_walks_its_keys_once_in_every_dtype(dtype):
+  """scaled_dot_product_attention's output kernel is online softmax in 16-bit dtypes too, where the scores, the probabilities and
+  the softmax's sum are rounded to 16 bits between the ops (casts around the exp and the division): bfloat16 had walked the keys
+  three times, computing every score in each walk."""
+  q, k, v = (Tensor(a).cast(getattr(dtypes, dtype)).realize() for a in arrays(*[(1, 2, 48, 16)] * 3))
+  (item,) = items_of(out := q.scaled_dot_product_attention(k, v, is_causal=True))
+  uops = Linearizer(Kernel(item.ast)).linearize()
+  assert sum(1 for uop in uops if uop.op is UOps.LOOP and uop.arg.name.startswith("ridx") and uop.arg.trips == 48) == 1
+  expected = torch.nn.functional.scaled_dot_product_attention(*(torch.tensor(t.float().numpy()) for t in (q, k, v)), is_causal=True)
+  np.testing.assert_allclose(out.float().numpy(), expected.numpy(), rtol=2e-2, atol=2e-2)
+
 @pytest.mark.parametrize("target", ["cpu", "gpu"])
 def test_the_heuristic_computes_each_score_once_for_every_feature(target, tinyc_device):
   """The attention kernel's features (which the scores do not vary along) are upcast whole (on a CPU, where their count is not a power

@@ -6,7 +6,7 @@ each sum (scores.softmax() @ v: the max, the softmax's sum and the sum of the va
 from __future__ import annotations
 import functools, itertools, math
 from typing import TYPE_CHECKING, NamedTuple, cast
-from tinyc.dtype import dtypes
+from tinyc.dtype import DType, dtypes
 from tinyc.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, UnaryOps
 from tinyc.shape.symbolic import Node, NumNode
 from tinyc.codegen.uops import UOp, UOps
@@ -47,7 +47,13 @@ def _factored(reduce: LazyOp) -> LazyOp:
   return product([inner] + [f for f in numerators if outside(f)], [f for f in denominators if outside(f)])
 
 def _factors(value: LazyOp) -> tuple[list[LazyOp], list[LazyOp]]:
-  """The factors a value multiplies, and those it divides by."""
+  """The factors a value multiplies, and those it divides by; through a cast between floats, each factor cast (16-bit attention
+  rounds its probabilities: cast(exp / sum) is taken as cast(exp) / cast(sum), which only rounds them less)."""
+  if _float_cast(value):
+    numerators, denominators = _factors(value.src[0])
+    if len(numerators) + len(denominators) > 1:
+      recast = lambda factor: factor if factor.dtype == value.dtype else LazyOp(UnaryOps.CAST, (factor,), value.dtype)  # noqa: E731
+      return list(map(recast, numerators)), list(map(recast, denominators))
   if value.op is BinaryOps.MUL:
     (a, b), (c, d) = _factors(value.src[0]), _factors(value.src[1])
     return a + c, b + d
@@ -55,6 +61,9 @@ def _factors(value: LazyOp) -> tuple[list[LazyOp], list[LazyOp]]:
     a, b = _factors(value.src[0])
     return a, b + [value.src[1]]
   return [value], []
+
+def _float_cast(node: LazyOp) -> bool: return node.op is UnaryOps.CAST and dtypes.is_float(node.dtype) and dtypes.is_float(node.src[0].dtype)
+def _uncast(node: LazyOp) -> LazyOp: return _uncast(node.src[0]) if _float_cast(node) else node
 
 def _varies(node: LazyOp, axes: set[int]) -> bool:
   """Whether a value may differ along any of `axes` (its loads move there; a reduce's value never does along the axes it reduces)."""
@@ -90,12 +99,13 @@ def online_groups(kernel: Kernel) -> dict[LazyOp, OnlineGroup]:
   return groups
 
 def _exp_scale(value: LazyOp, peak: LazyOp) -> float | None:
-  """c where `value` is a product with one factor exp2((y - peak) * c), c > 0, and the peak in no other; else None."""
+  """c where `value` is a product with one factor exp2((y - peak) * c), c > 0, and the peak in no other; else None (casts between
+  floats around the exp and its difference are looked through: 16-bit attention rounds its scores and probabilities)."""
   numerators, denominators = _factors(value)
   holding = [factor for factor in numerators + denominators if peak in factor.walk()]
-  if len(holding) != 1 or holding[0] not in numerators or (exp := holding[0]).op is not UnaryOps.EXP2 or exp.src[0].op is not BinaryOps.MUL:
+  if len(holding) != 1 or holding[0] not in numerators or (exp := _uncast(holding[0])).op is not UnaryOps.EXP2 or exp.src[0].op is not BinaryOps.MUL:
     return None
-  for shifted, scale in (exp.src[0].src, exp.src[0].src[::-1]):
+  for shifted, scale in ((_uncast(a), b) for a, b in (exp.src[0].src, exp.src[0].src[::-1])):
     if shifted.op is BinaryOps.SUB and _reads_peak(shifted.src[1], peak) and peak not in shifted.src[0].walk() and scale.op is BufferOps.CONST \
        and isinstance(scale.arg.val, float) and scale.arg.val > 0 and all(view.mask is None for view in scale.arg.st.views):
       return scale.arg.val
@@ -119,14 +129,15 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, grouped: li
     folded: dict[tuple[int, ...], UOp] = {}
     for idxs, value in zip(lanes.idxs, lin.parse(reduce.src[0], lanes, scope)):
       key = tuple(cast(NumNode, idxs[axis]).b for axis in key_axes[reduce])
-      folded[key] = lin.alu(op, dtype, folded[key], value) if key in folded else value
+      folded[key] = lin.alu(op, reduce.dtype, folded[key], value) if key in folded else value
     return folded
   trip_max = this_trip(group.peak, BinaryOps.MAX)
   minus_inf, zero = lin.const(dtypes.min(dtype), dtype), lin.const(0.0, dtype)
   def usable(peak: UOp) -> UOp: return lin.alu(TernaryOps.WHERE, dtype, lin.alu(BinaryOps.CMPEQ, dtypes.bool, peak, minus_inf), zero, peak)
-  def rescaled(value: UOp, peak: UOp, new_peak: UOp, scale: float) -> UOp:  # value * exp2((peak - new_peak) * scale)
-    shift = lin.alu(BinaryOps.MUL, dtype, lin.alu(BinaryOps.SUB, dtype, peak, new_peak), lin.const(scale, dtype))
-    return lin.alu(BinaryOps.MUL, dtype, value, lin.alu(UnaryOps.EXP2, dtype, shift))
+  def rescaled(value: UOp, peak: UOp, new_peak: UOp, scale: float) -> UOp:  # value * exp2((peak - new_peak) * scale), in value's dtype
+    kind = cast(DType, value.dtype)
+    shift = lin.alu(BinaryOps.MUL, kind, lin.cast(lin.alu(BinaryOps.SUB, dtype, peak, new_peak), kind), lin.const(scale, kind))
+    return lin.alu(BinaryOps.MUL, kind, value, lin.alu(UnaryOps.EXP2, kind, shift))
   def peak_key(reduce: LazyOp, key: tuple[int, ...]) -> tuple[int, ...]: return tuple(key[key_axes[reduce].index(a)] for a in key_axes[group.peak])
   old = {key: lin.uop(UOps.LOAD, dtype, (acc,), pure=False) for key, acc in zip(keys[group.peak], accs[group.peak])}
   new = {key: lin.alu(BinaryOps.MAX, dtype, old[key], trip_max[key]) for key in keys[group.peak]}
@@ -136,12 +147,12 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, grouped: li
   for reduce, scale in zip(group.sums, group.scales):
     added = this_trip(reduce, BinaryOps.ADD)
     for key, acc in zip(keys[reduce], accs[reduce]):
-      kept = rescaled(lin.uop(UOps.LOAD, dtype, (acc,), pure=False), old[peak_key(reduce, key)], safe[peak_key(reduce, key)], scale)
-      lin.uop(UOps.STORE, None, (acc, lin.alu(BinaryOps.ADD, dtype, kept, added[key])), pure=False)
+      kept = rescaled(lin.uop(UOps.LOAD, reduce.dtype, (acc,), pure=False), old[peak_key(reduce, key)], safe[peak_key(reduce, key)], scale)
+      lin.uop(UOps.STORE, None, (acc, lin.alu(BinaryOps.ADD, reduce.dtype, kept, added[key])), pure=False)
   # the new max is stored last: C renderers name an accumulator's value by the accumulator, so every read of the old one comes first
   for key, acc in zip(keys[group.peak], accs[group.peak]): lin.uop(UOps.STORE, None, (acc, new[key]), pure=False)
   for loop in reversed(loops): lin.end(loop)
-  results = {reduce: [lin.uop(UOps.LOAD, dtype, (acc,), pure=False) for acc in accs[reduce]] for reduce in members}
+  results = {reduce: [lin.uop(UOps.LOAD, reduce.dtype, (acc,), pure=False) for acc in accs[reduce]] for reduce in members}
   if grouped:
     own_peaks = dict(zip(keys[group.peak], results[group.peak]))
     results[group.peak] = group_reduce(lin, group.peak, results[group.peak], everyone=True)
