@@ -108,8 +108,10 @@ def _cpu_register_tile(kernel: Kernel, inputs: list[int]) -> None:
     # LLVM vectorizes a long contiguous reduce loop by itself: tile two different broadcast axes for reuse. Not where the reduce loop
     # would then walk more than CPU_STREAMS rows of memory at once (each input's lanes along the tiled axes it varies along): a matmul's 4 x 4 tile
     # walks 8, but a layernorm of the GPT's residual stream (9 inputs, the position embedding broadcast along the batch) 144, and
-    # its forward and backward ran 3.4-6.1 ms tiled against 1.9-4.4 untiled, 1.4-1.9x (2-core guest, runs interleaved)
-    return _broadcast_tile(kernel, inputs)
+    # its forward and backward ran 3.4-6.1 ms tiled against 1.9-4.4 untiled, 1.4-1.9x (2-core guest, runs interleaved). Each lane is
+    # a vector accumulator here: 4 x (vector_lanes / 4) of them, half the vector registers (AVX2 16, AVX-512 32). 4 x 4 on AVX2 spilled:
+    # a @ b.T 2048 x 512 x 128 (a linear layer's forward) 62 -> 103 GFLOP/s with 4 x 2, numpy 127 (2-core AVX2 guest)
+    return _broadcast_tile(kernel, inputs, max(kernel.target.vector_lanes // 4, 1))
   # vectorize across the output's contiguous axis, then reuse each vector load across a tile of an axis it is broadcast along.
   # Where no input runs along the output, across an axis that an input walking the reduce with a stride is contiguous along
   # instead (the linearizer packs the reduce's lanes into vectors along it)
@@ -126,12 +128,12 @@ def _cpu_register_tile(kernel: Kernel, inputs: list[int]) -> None:
   amounts = tuple(range(lanes_left, 1, -1))
   if _try_upcast(kernel, _broadcast_axes(kernel, vector_loaded), amounts) is None: _try_upcast(kernel, _broadcast_axes(kernel, inputs), amounts)
 
-def _broadcast_tile(kernel: Kernel, inputs: list[int]) -> None:
-  """4 x 4 lanes of two broadcast axes (an axis upcast first keeps its place or, taken whole, goes: the axes before it keep their
+def _broadcast_tile(kernel: Kernel, inputs: list[int], second: int = 4) -> None:
+  """4 x `second` lanes of two broadcast axes (an axis upcast first keeps its place or, taken whole, goes: the axes before it keep their
   numbers), unless the reduce loop would then walk more than CPU_STREAMS rows of memory at once."""
   trial = kernel.copy()
-  if (first := _try_upcast(trial, _broadcast_axes(trial, inputs), (4,))) is not None:
-    _try_upcast(trial, [axis for axis in _broadcast_axes(trial, inputs) if axis < first], (4,))
+  if (first := _try_upcast(trial, _broadcast_axes(trial, inputs), (4,))) is not None and second > 1:
+    _try_upcast(trial, [axis for axis in _broadcast_axes(trial, inputs) if axis < first], (second,))
   lanes = lambda i: prod(trial.full_shape[axis] for axis in trial.axes(AxisKind.UPCAST) if _strides(trial, i)[axis] != 0)  # noqa: E731
   if sum(lanes(i) for i in _read_in_reduces(trial, inputs)) <= CPU_STREAMS:
     for opt in trial.applied_opts[len(kernel.applied_opts):]: kernel.apply_opt(opt)
