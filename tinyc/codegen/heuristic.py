@@ -130,13 +130,18 @@ def _cpu_register_tile(kernel: Kernel, inputs: list[int]) -> None:
 
 def _broadcast_tile(kernel: Kernel, inputs: list[int], second: int = 4) -> None:
   """4 x `second` lanes of two broadcast axes (an axis upcast first keeps its place or, taken whole, goes: the axes before it keep their
-  numbers), unless the reduce loop would then walk more than CPU_STREAMS rows of memory at once."""
-  trial = kernel.copy()
-  if (first := _try_upcast(trial, _broadcast_axes(trial, inputs), (4,))) is not None and second > 1:
-    _try_upcast(trial, [axis for axis in _broadcast_axes(trial, inputs) if axis < first], (second,))
-  lanes = lambda i: prod(trial.full_shape[axis] for axis in trial.axes(AxisKind.UPCAST) if _strides(trial, i)[axis] != 0)  # noqa: E731
-  if sum(lanes(i) for i in _read_in_reduces(trial, inputs)) <= CPU_STREAMS:
-    for opt in trial.applied_opts[len(kernel.applied_opts):]: kernel.apply_opt(opt)
+  numbers), unless a 4 x 4 tile's reduce loop would walk more than CPU_STREAMS rows of memory at once (the tile that rule was measured
+  with: a layernorm of several inputs is not tiled at all)."""
+  def tiled(amount: int) -> Kernel:
+    trial = kernel.copy()
+    if (first := _try_upcast(trial, _broadcast_axes(trial, inputs), (4,))) is not None and amount > 1:
+      _try_upcast(trial, [axis for axis in _broadcast_axes(trial, inputs) if axis < first], (amount,))
+    return trial
+  def streams(trial: Kernel) -> int:  # rows of memory the reduce loop walks at once: each input's lanes along the axes it varies along
+    lanes = lambda i: prod(trial.full_shape[axis] for axis in trial.axes(AxisKind.UPCAST) if _strides(trial, i)[axis] != 0)  # noqa: E731
+    return sum(map(lanes, _read_in_reduces(trial, inputs)))
+  if streams(tiled(4)) <= CPU_STREAMS:
+    for opt in tiled(second).applied_opts[len(kernel.applied_opts):]: kernel.apply_opt(opt)
 
 # bytes of input that the innermost loop outside the reduce may walk before a block of it starts over: half the 1 MB L2 cache of a
 # Zen 4 or Skylake-SP core (2 MB on Sapphire Rapids)
