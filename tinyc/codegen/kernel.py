@@ -98,6 +98,9 @@ class Kernel:
     """The reduces (by number) read inside another's input that have axes of their own (schedule rule 10: attention's scores)."""
     return [number for number, reduceop in enumerate(self.reduceops) if any(owners == {number} for owners in self.owners)
             and any(reduceop in other.src[0].walk() for other in self.reduceops if other is not reduceop)]
+  def own_axis(self, number: int) -> int:
+    """The last REDUCE axis that reduce `number` alone reduces (a nested contraction's head dim: what LANES splits)."""
+    return max(axis for axis in self.axes(AxisKind.REDUCE) if self.owners[axis] == {number})
   def features(self) -> list[int]:
     """The GLOBAL axes no nested contraction's value varies along (attention's head dim of the values): each score serves all of them."""
     varying = set().union(*[self.value_axes(self.reduceops[number]) for number in self.nested_contractions()])
@@ -352,7 +355,7 @@ class Kernel:
     check_opt(bool(inner := self.nested_contractions()), opt, "no reduce is nested in another's loop with axes of its own")
     features = self.features()
     check_opt(0 <= opt.axis < max(len(features), 1), opt, f"axis {opt.axis} is not one of this kernel's {len(features)} features axes")
-    splits = [max(axis for axis in self.axes(AxisKind.REDUCE) if self.owners[axis] == {number}) for number in inner] + features[opt.axis:][:1]
+    splits = [self.own_axis(number) for number in inner] + features[opt.axis:][:1]
     check_opt(all(isinstance(size := self.full_shape[axis], int) and size % opt.amount == 0 for axis in splits), opt,
               f"{opt.amount} lanes must divide the axes they split, {[self.full_shape[axis] for axis in splits]}")
     for axis in sorted(set(splits), reverse=True):  # (the later first: the numbers of those before stay)

@@ -112,7 +112,7 @@ def lanes_plan(kernel: Kernel, lanes: int = 0, queries: int = 0, groups: int = N
   query_rows = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GLOBAL) if axis not in kernel.features())
   if not lanes:
     lanes = NESTED_LANES * (2 if query_rows // queries * NESTED_LANES < kernel.target.compute_units * NESTED_WAVE else 1)
-    own = [max(kernel.full_shape[a] for a in kernel.axes(AxisKind.REDUCE) if kernel.owners[a] == {n}) for n in kernel.nested_contractions()]
+    own = [kernel.full_shape[kernel.own_axis(number)] for number in kernel.nested_contractions()]
     row = sum(own) + sum(kernel.full_shape[axis] for axis in kernel.features())  # values a query's rows and accumulators hold
     while queries * row // lanes > NESTED_LANE_VALUES and lanes < 32: lanes *= 2
   while lanes > 1 and not try_opt(kernel, Opt(OptOps.LANES, 0, lanes)): lanes //= 2
