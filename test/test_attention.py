@@ -312,15 +312,18 @@ def test_backward_at_a_long_context_stores_no_scores():
 
 SHUFFLES = KernelTarget(has_local=True, warp_shuffles=True, max_upcast=GPU_MAX_UPCAST, compute_units=132)
 
-@pytest.mark.parametrize("lanes,queries,keys", [(2, 4, 1), (4, 2, 4), (8, 4, 2), (16, 1, 4), (32, 2, 1)])
-def test_lanes_share_each_score_and_split_the_features(lanes, queries, keys, tinyc_device):
+@pytest.mark.parametrize("lanes,queries,keys,split", [(2, 4, 1, 1), (4, 2, 4, 1), (8, 4, 2, 1), (16, 1, 4, 1), (32, 2, 1, 1), (8, 4, 2, 2),
+                                                       (4, 2, 1, 4), (32, 1, 2, 2)])
+def test_lanes_share_each_score_and_split_the_features(lanes, queries, keys, split, tinyc_device):
   """LANES splits the head dim (each score's partial sums meet by shuffles, log2(lanes) a score) and the features among a warp's
-  neighbouring threads; the max and the sum, of which no lane holds a part, lane 0 stores. Run where the device has warp shuffles
-  (CUDA); elsewhere CI compiles the source with NVRTC."""
+  neighbouring threads; the max and the sum, of which no lane holds a part, lane 0 stores. With the keys split among `split`
+  threads too (GROUP), each lane's partial sums of its features meet those of the same lane of the other threads. Run where the
+  device has warp shuffles (CUDA); elsewhere CI compiles the source with NVRTC."""
   ast, inputs, expected = attention_kernel(rows=24, keys=20, width=64, features=32)
   kernel = Kernel(ast, SHUFFLES)
-  assert lanes_plan(kernel, lanes, queries, 4, keys) and kernel.applied_opts[0] == Opt(OptOps.LANES, 0, lanes)
+  assert lanes_plan(kernel, lanes, queries, 4, keys, split) and kernel.applied_opts[0] == Opt(OptOps.LANES, 0, lanes)
   assert [(kernel.full_shape[axis], kernel.owners[axis]) for axis in kernel.axes(AxisKind.LANE)] == [(lanes, frozenset()), (lanes, {0})]
+  assert kernel.size_of(AxisKind.GROUP) == split and kernel.local_size == lanes * split * kernel.size_of(AxisKind.LOCAL)
   uops = Linearizer(kernel, threads=True).linearize()
   assert sum(uop.op is UOps.SHUFFLE for uop in uops) == (lanes.bit_length() - 1) * queries * keys
   if Device[Device.DEFAULT].target.warp_shuffles:
@@ -330,7 +333,7 @@ def test_lanes_share_each_score_and_split_the_features(lanes, queries, keys, tin
 @pytest.mark.parametrize("target,opts,message", [
   (KernelTarget(has_local=True), [Opt(OptOps.LANES, 0, 8)], "no warp shuffles"), (SHUFFLES, [Opt(OptOps.LANES, 0, 3)], "2, 4, 8, 16 or 32"),
   (SHUFFLES, [Opt(OptOps.UPCAST, 1, 0), Opt(OptOps.LANES, 0, 8)], "before every other"), (SHUFFLES, [Opt(OptOps.LANES, 1, 8)], "features axes"),
-  (SHUFFLES, [Opt(OptOps.LANES, 0, 32)], "must divide"), (SHUFFLES, [Opt(OptOps.LANES, 0, 8), Opt(OptOps.GROUP, 0, 4)], "do not mix")])
+  (SHUFFLES, [Opt(OptOps.LANES, 0, 32)], "must divide")])
 def test_lanes_is_refused_where_it_cannot_apply(target, opts, message):
   ast, _, _ = attention_kernel(rows=24, keys=20, width=64, features=16)
   kernel = Kernel(ast, target)
@@ -341,11 +344,12 @@ def test_lanes_is_refused_where_it_cannot_apply(target, opts, message):
   matmul = Kernel(items_of(Tensor(arrays((8, 16))[0]) @ Tensor(arrays((16, 8))[0]))[0].ast, SHUFFLES)
   with pytest.raises(KernelOptError, match="no reduce is nested"): matmul.apply_opt(Opt(OptOps.LANES, 0, 4))
 
-@pytest.mark.parametrize("context,lanes", [(512, [8] * 5), (2048, [4, 4, 4, 8, 8])])
-def test_cuda_shares_every_attention_kernels_scores_among_lanes(context, lanes):
+@pytest.mark.parametrize("context,lanes,split", [(512, [8] * 5, 4), (2048, [4, 4, 4, 8, 8], 1)])
+def test_cuda_shares_every_attention_kernels_scores_among_lanes(context, lanes, split):
   """On a device with warp shuffles every kernel of causal SDPA's forward and backward takes LANES: 4 lanes, or 8 where the kernel's
   threads would fall short of a wave of the device (the GPT bench's 8 x 6 heads at 512 tokens, with 4 queries a thread) or a thread
-  would hold over NESTED_LANE_VALUES values of its queries' rows and accumulators (float32 dq and dk: two rows and the features)."""
+  would hold over NESTED_LANE_VALUES values of its queries' rows and accumulators (float32 dq and dk: two rows and the features).
+  Where its threads are still short of NESTED_LANE_WAVE a compute unit (at 512 tokens), each kernel splits its keys by 4 (GROUP)."""
   q, k, v, g = (Tensor.empty(8, 6 if context == 512 else 16, context, 64) for _ in range(4))
   tq, tk, tv = (Tensor(t.lazydata, requires_grad=True) for t in (q, k, v))
   out = tq.scaled_dot_product_attention(tk, tv, is_causal=True)
@@ -354,3 +358,5 @@ def test_cuda_shares_every_attention_kernels_scores_among_lanes(context, lanes):
   assert len(nested) == 5
   assert sorted(hand_coded_optimizations(Kernel(ast, SHUFFLES))[0].amount for ast in nested) == lanes
   assert all(hand_coded_optimizations(Kernel(ast, SHUFFLES))[0].op is OptOps.LANES for ast in nested)
+  plans = [Kernel(ast, SHUFFLES) for ast in nested]
+  assert [hand_coded_optimizations(kernel) and kernel.size_of(AxisKind.GROUP) for kernel in plans] == [split] * 5

@@ -376,7 +376,6 @@ class Kernel:
     thread_axes = tuple(self.full_shape[axis] for axis in self.axes(AxisKind.LOCAL, AxisKind.GROUP))  # the last is launch dimension 0
     thread_axes += (self.size_of(AxisKind.WARP),) if self.axes(AxisKind.WARP) else ()  # a warp's threads are one dimension
     thread_axes += (self.lane_count,) if self.axes(AxisKind.LANE) else ()  # and so are the LANE axes' lanes
-    check_opt(not (self.axes(AxisKind.LANE) and self.axes(AxisKind.GROUP)), opt, "LANES and GROUP do not mix")
     limits = self.target.max_local_dim_sizes
     check_opt(len(thread_axes) <= len(limits), opt, "no launch dimension is left for another local axis; use fewer LOCAL/GROUP axes")
     check_opt(all(size <= limit for size, limit in zip(reversed(thread_axes), limits)), opt,

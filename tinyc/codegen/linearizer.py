@@ -259,8 +259,8 @@ class Linearizer:
       self.open_ifs.append(self.open_if(self.group_member() < 1))
     # with LANES, the outputs each lane has a part of first, then the others by lane 0 alone
     lane_parts = {store for store in singles if any(kernel.spans(kernel.bufs.index(store.arg), axis) for axis in kernel.axes(AxisKind.LANE))}
-    for store in sorted(singles, key=lambda store: store not in lane_parts):
-      if kernel.axes(AxisKind.LANE) and store not in lane_parts and not self.open_ifs: self.open_ifs.append(self.open_if(self.lane_index < 1))
+    for number, store in enumerate(sorted(singles, key=lambda store: store not in lane_parts)):
+      if kernel.axes(AxisKind.LANE) and number == len(lane_parts): self.open_ifs.append(self.open_if(self.lane_index < 1))
       self.store(store, top)
     for block in reversed(global_loops + self.open_ifs): self.end(block)
     if serial_axes: self.uop(UOps.ASYNC_WAIT, None, pure=False)  # no copy left running (they were for tiles past the last)

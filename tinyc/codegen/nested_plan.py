@@ -101,12 +101,20 @@ NESTED_LANE_KEYS = 4
 # values of its queries' rows and accumulators a thread may hold before more lanes share them: float32 dq and dk at 8x16x2048x64 (two
 # rows and the features: 192 values with 4 lanes) 8.75 and 7.98 ms with 4 lanes, 6.32 and 5.97 with 8
 NESTED_LANE_VALUES = 128
+# threads a compute unit below which a LANES kernel splits its keys among 2 or 4 threads (GROUP, each a run of lanes), so a causal row's
+# keys are walked in 2 or 4 chains at once: H200 causal attention, ms of each kernel (log-sum-exp, output, dq, dk, dv) without -> with,
+# the work-group's threads kept: 8x6x512x64 (372 threads a compute unit) float32 0.136, 0.167, 0.268, 0.261, 0.158 -> 0.088, 0.152,
+# 0.194, 0.200, 0.131 by 4; bfloat16 0.116, 0.169, 0.211, 0.221, 0.192 -> 0.079, 0.137, 0.165, 0.182, under 0.14. At 8x16x2048x64
+# (about 2000 threads a compute unit and more) float32 by 2 ran 0.94-1.16x the time, so not there
+NESTED_LANE_WAVE = 1024
 
-def lanes_plan(kernel: Kernel, lanes: int = 0, queries: int = 0, groups: int = NESTED_LANE_GROUPS, keys: int = NESTED_LANE_KEYS) -> bool:
+def lanes_plan(kernel: Kernel, lanes: int = 0, queries: int = 0, groups: int = NESTED_LANE_GROUPS, keys: int = NESTED_LANE_KEYS,
+               split: int = 0) -> bool:
   """On CUDA, a nested kernel's scores computed by `lanes` neighbouring threads together (LANES), each lane a run of the head dim
-  (unrolled whole) and of the features (upcast whole); the queries upcast by `queries`, `groups` of lanes a work-group along them, and
-  the keys unrolled by `keys`. Where a thread computed every score of its queries alone and read each key's row alone, the lanes
-  read a row together, 16 bytes each, and each lane holds a share of the accumulators (0: the amounts the rules above pick)."""
+  (unrolled whole) and of the features (upcast whole); the keys split among `split` threads (GROUP), the queries upcast by
+  `queries`, `groups` of lanes a work-group along them, and the keys unrolled by `keys`. Where a thread computed every score of its
+  queries alone and read each key's row alone, the lanes read a row together, 16 bytes each, and each lane holds a share of the
+  accumulators (0: the amounts the rules above pick; the split's threads then come out of the groups)."""
   sixteen_bit = any(buf.dtype.itemsize == 2 for buf in kernel.bufs[kernel.n_outputs:] if isinstance(buf, MemBuffer))
   queries = queries or NESTED_LANE_QUERIES // (2 if sixteen_bit else 1)
   query_rows = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GLOBAL) if axis not in kernel.features())
@@ -121,6 +129,10 @@ def lanes_plan(kernel: Kernel, lanes: int = 0, queries: int = 0, groups: int = N
   inner = kernel.nested_contractions()
   for index in reversed(range(len(kernel.axes(AxisKind.REDUCE)))):
     if kernel.owners[kernel.axes(AxisKind.REDUCE)[index]] <= set(inner): try_opt(kernel, Opt(OptOps.UNROLL, index, 0))
+  if not split:
+    split = next((split for split in (1, 2) if query_rows // queries * lanes * split >= kernel.target.compute_units * NESTED_LANE_WAVE), 4)
+    groups = max(groups // split, 1)
+  if split > 1 and (outer := kernel.axes(AxisKind.REDUCE)): try_opt(kernel, Opt(OptOps.GROUP, len(outer) - 1, split))
   if keys > 1 and (outer := kernel.axes(AxisKind.REDUCE)): try_opt(kernel, Opt(OptOps.UNROLL, len(outer) - 1, keys))
   def rows() -> list[int]: return [axis for axis in kernel.axes(AxisKind.GLOBAL) if kernel.full_shape[axis] > 1]
   if rows() and queries > 1: try_upcast(kernel, rows()[-1:], (queries, 2))

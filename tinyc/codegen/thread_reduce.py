@@ -30,7 +30,9 @@ def group_reduce(lin: Linearizer, reduceop: LazyOp, partials: list[UOp], everyon
   kernel, lanes, op = lin.kernel, len(partials), cast(ReduceOps, reduceop.op)
   local_axes, member = kernel.axes(AxisKind.LOCAL), lin.group_member()
   group_count = prod(kernel.full_shape[axis] for axis in kernel.axes(AxisKind.GROUP))
-  first_slot = flatten_node([lin.thread_idxs[axis] for axis in local_axes], [kernel.full_shape[axis] for axis in local_axes]) * group_count
+  # a slot of partials for each thread but the group's: its LOCAL ids and its lane (LANES: each lane holds its own features' sums)
+  first_slot = flatten_node([lin.thread_idxs[axis] for axis in local_axes] + [lin.lane_index],
+                            [kernel.full_shape[axis] for axis in local_axes] + [kernel.lane_count]) * group_count
   if (memory := lin._partials.get(reduceop)) is None:  # one buffer a reduce, however often it is computed: no barrier between reduces
     name = "partials" + str(len(lin._locals) or "")
     memory = lin._partials[reduceop] = lin.define_local(partials_dtype(reduceop.dtype), name, kernel.local_size * kernel.partial_lanes(reduceop))
