@@ -39,11 +39,14 @@ each); the KernelBuilder only follows decisions. The rules, each held by a test 
      for a contraction of at most 128 products, along new axes of its own (the scores q.k); shared by at most 128 output elements
      (lanes). A value read through an expand along output axes that reaches such a contraction is computed there, not stored.
      softmax(q k^T) v is one kernel that stores no matrix of scores (fusion.nesting).
+  11. A kernel whose every reduce another kernel computes too, in the same loops less one or two axes its outputs do not span, and
+     that reads nothing the other does not, neither needing the other, becomes more outputs of the other (merge.py): attention's
+     log-sum-exp for the backward is stored by the forward's kernel, whose online softmax computes the same max and sum.
 Rules 3 and 8 depend on what later kernels decide: a pass that stores a value an earlier kernel of the pass recomputed is run again,
 with that value known to be stored from the start (see Scheduler).
 """
 from __future__ import annotations
-import functools, heapq, operator, sys, time
+import functools, operator, sys, time
 from typing import Any, Callable, cast
 from tinyc.dtype import dtypes
 from tinyc.helpers import DEBUG, prod
@@ -52,6 +55,7 @@ from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, LoadOps, MemBuf
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.lazy import LazyBuffer
 from tinyc.fusion import Decision, Fusion, Frame, Nesting, Site, decide, wide_values
+from tinyc.merge import dependencies, merge_kernels, ordered
 
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))  # graphs are walked recursively; a long training step is deep
 
@@ -247,103 +251,6 @@ def _reshape_epilogue(node: LazyOp, shape: tuple[int, ...], done: dict[LazyOp, L
     done[node] = reshaped
   return reshaped
 
-def _dependencies(items: list[ScheduleItem]) -> list[set[int]]:
-  """For each item, the items that must run before it: those it reads, and for an ASSIGN every other item that reads the old value."""
-  producer = {out: index for index, item in enumerate(items) for out in item.outs}
-  after: list[set[int]] = [{producer[src] for src in item.inputs if src in producer} for item in items]
-  for index, item in enumerate(items):
-    for target in (out.srcs[1] for out in item.outs if out.op is LoadOps.ASSIGN):
-      after[index].update(other for other, reader in enumerate(items) if other != index and target in reader.inputs)
-  return after
-
-def _ordered(items: list[ScheduleItem]) -> list[ScheduleItem]:
-  """Reorder so each item runs after the items it must (_dependencies), otherwise keeping the order."""
-  after = _dependencies(items)
-  waiting = [len(deps) for deps in after]
-  users: list[list[int]] = [[] for _ in items]
-  for index, deps in enumerate(after):
-    for dep in deps: users[dep].append(index)
-  ready = [index for index, count in enumerate(waiting) if count == 0]
-  heapq.heapify(ready)
-  order: list[ScheduleItem] = []
-  while ready:
-    index = heapq.heappop(ready)
-    order.append(items[index])
-    for user in users[index]:
-      waiting[user] -= 1
-      if waiting[user] == 0: heapq.heappush(ready, user)
-  if len(order) != len(items):
-    raise RuntimeError("assign: the new value of a tensor is needed to compute something that also reads its old value; realize() one of them first")
-  return order
-
-def _merge_siblings(items: list[ScheduleItem]) -> list[ScheduleItem]:
-  """Rule 9: kernels with the same loops that read a common input at least as large as their outputs, neither running before the
-  other, become one kernel with the stores of both (that input is then read once). Not contractions: a matmul's tile is chosen
-  for one accumulator set."""
-  after = _dependencies(items)
-  ancestors: list[int | None] = [None] * len(items)  # bitsets of the items each must run after, transitively
-  def ancestors_of(index: int) -> int:
-    if (known := ancestors[index]) is None:
-      known = 0
-      for dep in after[index]: known |= (1 << dep) | ancestors_of(dep)
-      ancestors[index] = known
-    return known
-  members: dict[int, list[int]] = {}
-  for group in _sibling_groups(items).values():
-    clusters: list[int] = []
-    for index in group:
-      for first in clusters:
-        bits = sum(1 << member for member in members[first])
-        if ancestors_of(first) >> index & 1 or ancestors_of(index) & bits or not _share_input(items[first], items[index]): continue
-        members[first].append(index)
-        merged = ancestors_of(first) | ancestors_of(index)
-        for other in range(len(items)):  # whatever ran after either now runs after the merged kernel and all it runs after
-          if ancestors_of(other) & (bits | 1 << index): ancestors[other] = ancestors_of(other) | merged | bits | 1 << index
-        ancestors[first] = ancestors[index] = merged
-        break
-      else:
-        clusters.append(index)
-        members[index] = [index]
-  if all(len(group) == 1 for group in members.values()): return items
-  merged_away = {index for group in members.values() for index in group[1:]}
-  return _ordered([_merged([items[m] for m in members[i]]) if i in members else item for i, item in enumerate(items) if i not in merged_away])
-
-def _sibling_groups(items: list[ScheduleItem]) -> dict[tuple, list[int]]:
-  """Kernel items by their loops: device, the shapes they store, and the frame of their reduces (contractions left out)."""
-  groups: dict[tuple, list[int]] = {}
-  for index, item in enumerate(items):
-    if item.ast.op is not BufferOps.SINK: continue
-    reduces = _top_reduces(item.ast)
-    frames = {(_full_shape(reduce), reduce.arg) for reduce in reduces}
-    if len(frames) > 1 or any(_is_contraction(reduce) for reduce in reduces): continue
-    groups.setdefault((item.outs[0].device, tuple(store.arg.st.shape for store in item.ast.src), tuple(frames)), []).append(index)
-  return groups
-
-def _share_input(first: ScheduleItem, second: ScheduleItem) -> bool:
-  size = prod(first.ast.src[0].arg.st.shape)
-  return any(prod(src.shape) >= size and src in second.inputs for src in first.inputs)
-
-def _top_reduces(node: LazyOp) -> list[LazyOp]:
-  return [node] if node.op in ReduceOps else [reduce for src in node.src for reduce in _top_reduces(src)]
-
-def _full_shape(node: LazyOp) -> tuple[int, ...]:
-  return tuple(max(sizes) for sizes in zip(*[leaf.arg.st.shape for leaf in node.walk() if leaf.op in (BufferOps.LOAD, BufferOps.CONST)]))
-
-def _is_contraction(reduce: LazyOp) -> bool:
-  """A reduce none of whose loads reads values without repeating them: every input is broadcast (a matmul)."""
-  loads = [leaf.arg.st for leaf in reduce.walk() if leaf.op is BufferOps.LOAD]
-  return bool(loads) and all(any(stride == 0 and size > 1 for view in st.views for stride, size in zip(view.strides, view.shape)) for st in loads)
-
-def _merged(items: list[ScheduleItem]) -> ScheduleItem:
-  """One kernel storing what `items` store, its buffers numbered anew: the outputs in order, then every distinct input."""
-  outs = tuple(out for item in items for out in item.outs)
-  inputs = tuple(dict.fromkeys(src for item in items for src in item.inputs))
-  stores: list[LazyOp] = []
-  for item in items:
-    numbers = [outs.index(out) for out in item.outs] + [len(outs) + inputs.index(src) for src in item.inputs]
-    stores += item.ast.map_buffers(lambda buf: MemBuffer(numbers[buf.idx], buf.dtype, buf.st) if isinstance(buf, MemBuffer) else buf).src
-  return ScheduleItem(LazyOp(BufferOps.SINK, tuple(stores)), outs, inputs)
-
 PLANS_KEPT = 4096
 _CONST = LoadOps.CONST  # (a module name: LoadOps.CONST is a Python call in Python 3.11, see lazy.py)
 # structure -> (each item's AST and what takes its outputs and inputs from the walk's bases; realize.py's Resolved for each)
@@ -409,8 +316,8 @@ def _schedule(targets: list[LazyBuffer]) -> list[ScheduleItem]:
     if not (crossed := _reduces_of_crossed_assigns(scheduler.items)): break
     assert not crossed <= no_store, f"assigns that read each other's targets: {crossed}"
     no_store.update(crossed)
-  items = _merge_siblings(scheduler.items) if len(scheduler.items) > 1 else scheduler.items
-  if any(out.op is LoadOps.ASSIGN for item in items for out in item.outs): items = _ordered(items)
+  items = merge_kernels(scheduler.items) if len(scheduler.items) > 1 else scheduler.items
+  if any(out.op is LoadOps.ASSIGN for item in items for out in item.outs): items = ordered(items)
   return items
 
 def _reduces_of_crossed_assigns(items: list[ScheduleItem]) -> set[LazyBuffer]:
@@ -418,9 +325,9 @@ def _reduces_of_crossed_assigns(items: list[ScheduleItem]) -> set[LazyBuffer]:
   stores by rule 8 (a layernorm's weight and bias, each gradient reading the other's parameter); neither can run first. The reduces such
   kernels store are then stored by kernels of their own, which run before both."""
   if not any(out.op is LoadOps.ASSIGN for item in items for out in item.outs): return set()
-  after, ordered = _dependencies(items), set[int]()
-  while ready := {index for index, deps in enumerate(after) if index not in ordered and deps <= ordered}: ordered |= ready
-  return {out for index, item in enumerate(items) if index not in ordered and item.outs[0].op is LoadOps.ASSIGN
+  after, done = dependencies(items), set[int]()
+  while ready := {index for index, deps in enumerate(after) if index not in done and deps <= done}: done |= ready
+  return {out for index, item in enumerate(items) if index not in done and item.outs[0].op is LoadOps.ASSIGN
           for out in item.outs[1:] if isinstance(out.op, ReduceOps)}
 
 def _count_consumers(targets: list[LazyBuffer]) -> dict[LazyBuffer, int]:

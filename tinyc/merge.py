@@ -1,0 +1,164 @@
+"""Layer 5: what the scheduler does with its kernels once they are made: their order, and the kernels it merges into one (rule 9,
+siblings; rule 11, shared reduces). Imports helpers, ops, shape/.
+"""
+from __future__ import annotations
+import heapq, itertools
+from tinyc.helpers import prod
+from tinyc.ops import BufferOps, ConstBuffer, LazyOp, LoadOps, MemBuffer, ReduceOps, ScheduleItem
+
+def dependencies(items: list[ScheduleItem]) -> list[set[int]]:
+  """For each item, the items that must run before it: those it reads, and for an ASSIGN every other item that reads the old value."""
+  producer = {out: index for index, item in enumerate(items) for out in item.outs}
+  after: list[set[int]] = [{producer[src] for src in item.inputs if src in producer} for item in items]
+  for index, item in enumerate(items):
+    for target in (out.srcs[1] for out in item.outs if out.op is LoadOps.ASSIGN):
+      after[index].update(other for other, reader in enumerate(items) if other != index and target in reader.inputs)
+  return after
+
+def ordered(items: list[ScheduleItem]) -> list[ScheduleItem]:
+  """Reorder so each item runs after the items it must (dependencies), otherwise keeping the order."""
+  after = dependencies(items)
+  waiting = [len(deps) for deps in after]
+  users: list[list[int]] = [[] for _ in items]
+  for index, deps in enumerate(after):
+    for dep in deps: users[dep].append(index)
+  ready = [index for index, count in enumerate(waiting) if count == 0]
+  heapq.heapify(ready)
+  order: list[ScheduleItem] = []
+  while ready:
+    index = heapq.heappop(ready)
+    order.append(items[index])
+    for user in users[index]:
+      waiting[user] -= 1
+      if waiting[user] == 0: heapq.heappush(ready, user)
+  if len(order) != len(items):
+    raise RuntimeError("assign: the new value of a tensor is needed to compute something that also reads its old value; realize() one of them first")
+  return order
+
+def _merge_siblings(items: list[ScheduleItem]) -> list[ScheduleItem]:
+  """Rule 9: kernels with the same loops that read a common input at least as large as their outputs, neither running before the
+  other, become one kernel with the stores of both (that input is then read once). Not contractions: a matmul's tile is chosen
+  for one accumulator set."""
+  after = dependencies(items)
+  ancestors: list[int | None] = [None] * len(items)  # bitsets of the items each must run after, transitively
+  def ancestors_of(index: int) -> int:
+    if (known := ancestors[index]) is None:
+      known = 0
+      for dep in after[index]: known |= (1 << dep) | ancestors_of(dep)
+      ancestors[index] = known
+    return known
+  members: dict[int, list[int]] = {}
+  for group in _sibling_groups(items).values():
+    clusters: list[int] = []
+    for index in group:
+      for first in clusters:
+        bits = sum(1 << member for member in members[first])
+        if ancestors_of(first) >> index & 1 or ancestors_of(index) & bits or not _share_input(items[first], items[index]): continue
+        members[first].append(index)
+        merged = ancestors_of(first) | ancestors_of(index)
+        for other in range(len(items)):  # whatever ran after either now runs after the merged kernel and all it runs after
+          if ancestors_of(other) & (bits | 1 << index): ancestors[other] = ancestors_of(other) | merged | bits | 1 << index
+        ancestors[first] = ancestors[index] = merged
+        break
+      else:
+        clusters.append(index)
+        members[index] = [index]
+  if all(len(group) == 1 for group in members.values()): return items
+  merged_away = {index for group in members.values() for index in group[1:]}
+  return ordered([_merged([items[m] for m in members[i]]) if i in members else item for i, item in enumerate(items) if i not in merged_away])
+
+def _sibling_groups(items: list[ScheduleItem]) -> dict[tuple, list[int]]:
+  """Kernel items by their loops: device, the shapes they store, and the frame of their reduces (contractions left out)."""
+  groups: dict[tuple, list[int]] = {}
+  for index, item in enumerate(items):
+    if item.ast.op is not BufferOps.SINK: continue
+    reduces = _top_reduces(item.ast)
+    frames = {(_full_shape(reduce), reduce.arg) for reduce in reduces}
+    if len(frames) > 1 or any(_is_contraction(reduce) for reduce in reduces): continue
+    groups.setdefault((item.outs[0].device, tuple(store.arg.st.shape for store in item.ast.src), tuple(frames)), []).append(index)
+  return groups
+
+def _share_input(first: ScheduleItem, second: ScheduleItem) -> bool:
+  size = prod(first.ast.src[0].arg.st.shape)
+  return any(prod(src.shape) >= size and src in second.inputs for src in first.inputs)
+
+def _top_reduces(node: LazyOp) -> list[LazyOp]:
+  return [node] if node.op in ReduceOps else [reduce for src in node.src for reduce in _top_reduces(src)]
+
+def _full_shape(node: LazyOp) -> tuple[int, ...]:
+  return tuple(max(sizes) for sizes in zip(*[leaf.arg.st.shape for leaf in node.walk() if leaf.op in (BufferOps.LOAD, BufferOps.CONST)]))
+
+def _is_contraction(reduce: LazyOp) -> bool:
+  """A reduce none of whose loads reads values without repeating them: every input is broadcast (a matmul)."""
+  loads = [leaf.arg.st for leaf in reduce.walk() if leaf.op is BufferOps.LOAD]
+  return bool(loads) and all(any(stride == 0 and size > 1 for view in st.views for stride, size in zip(view.strides, view.shape)) for st in loads)
+
+def _merged(items: list[ScheduleItem]) -> ScheduleItem:
+  """One kernel storing what `items` store, its buffers numbered anew: the outputs in order, then every distinct input."""
+  outs = tuple(out for item in items for out in item.outs)
+  inputs = tuple(dict.fromkeys(src for item in items for src in item.inputs))
+  stores: list[LazyOp] = []
+  for item in items:
+    numbers = [outs.index(out) for out in item.outs] + [len(outs) + inputs.index(src) for src in item.inputs]
+    stores += item.ast.map_buffers(lambda buf: MemBuffer(numbers[buf.idx], buf.dtype, buf.st) if isinstance(buf, MemBuffer) else buf).src
+  return ScheduleItem(LazyOp(BufferOps.SINK, tuple(stores)), outs, inputs)
+
+def merge_kernels(items: list[ScheduleItem]) -> list[ScheduleItem]:
+  """The pass's kernels with rules 11 and 9 applied."""
+  return _merge_siblings(_merge_shared_reduces(items))
+
+def _merge_shared_reduces(items: list[ScheduleItem]) -> list[ScheduleItem]:
+  """Rule 11: a kernel whose every reduce another kernel computes too, in the same loops but without one or two of that kernel's
+  axes (which its outputs do not span), and which reads nothing that kernel does not, neither running before the other, becomes
+  outputs of that kernel: the reduces are computed once. Attention's log-sum-exp for the backward is so stored by the forward's
+  kernel, whose online softmax computes the same max and sum in a loop that also spans the values' features."""
+  after = dependencies(items)
+  ancestors: list[int | None] = [None] * len(items)  # bitsets of the items each must run after, transitively
+  def ancestors_of(index: int) -> int:
+    if (known := ancestors[index]) is None:
+      known = 0
+      for dep in after[index]: known |= (1 << dep) | ancestors_of(dep)
+      ancestors[index] = known
+    return known
+  def rank(item: ScheduleItem) -> int: return len(item.ast.src[0].arg.st.shape)
+  reducing = [index for index, item in enumerate(items) if item.ast.op is BufferOps.SINK and _top_reduces(item.ast)]
+  merged: dict[int, ScheduleItem] = {}  # the kernel that takes another's outputs -> the two as one
+  gone: set[int] = set()
+  for absorbed, taker in itertools.permutations(reducing, 2):
+    first, second = items[taker], items[absorbed]
+    if {absorbed, taker} & (gone | set(merged)) or not 0 < rank(first) - rank(second) <= 2 or first.outs[0].device != second.outs[0].device \
+       or not set(second.inputs) <= set(first.inputs) or ancestors_of(taker) >> absorbed & 1 or ancestors_of(absorbed) >> taker & 1: continue
+    for positions in itertools.combinations(range(rank(first)), rank(first) - rank(second)):
+      if (both := _sharing_reduces(first, ScheduleItem(_with_axes(second.ast, positions), second.outs, second.inputs))) is None: continue
+      merged[taker], joined = both, ancestors_of(taker) | ancestors_of(absorbed)
+      gone.add(absorbed)
+      for other in range(len(items)):  # whatever ran after either now runs after the two and all they run after
+        if ancestors_of(other) & (1 << taker | 1 << absorbed): ancestors[other] = ancestors_of(other) | joined | 1 << taker | 1 << absorbed
+      ancestors[taker] = ancestors[absorbed] = joined
+      break
+  if not merged: return items
+  return ordered([merged.get(index, item) for index, item in enumerate(items) if index not in gone])
+
+def _sharing_reduces(first: ScheduleItem, second: ScheduleItem) -> ScheduleItem | None:
+  """`first` storing `second`'s outputs too, if every reduce of `second` is one of `first`'s and its axes are `first`'s or 1."""
+  if not all(size in (1, full) for size, full in zip(_full_shape(second.ast), _full_shape(first.ast))): return None
+  both = _merged([first, second])
+  def reduces(stores: tuple[LazyOp, ...]) -> set[LazyOp]: return {node for store in stores for node in store.walk() if node.op in ReduceOps}
+  theirs = reduces(both.ast.src[len(first.outs):])
+  return both if theirs <= reduces(both.ast.src[:len(first.outs)]) else None
+
+def _with_axes(node: LazyOp, positions: tuple[int, ...], done: dict[LazyOp, LazyOp] | None = None) -> LazyOp:
+  """A kernel's tree with size-1 axes inserted at `positions` (numbered in the wider kernel): every tracker reshaped, every reduce's
+  axes renumbered. Each shared subtree once."""
+  done = {} if done is None else done
+  if (made := done.get(node)) is None:
+    arg = node.arg
+    if isinstance(arg, (MemBuffer, ConstBuffer)):
+      shape = list(arg.st.shape)
+      for position in positions: shape.insert(position, 1)
+      arg = type(arg)(arg.idx if isinstance(arg, MemBuffer) else arg.val, arg.dtype, arg.st.reshape(tuple(shape)))
+    elif node.op in ReduceOps:
+      kept = [axis for axis in range(len(positions) + 1 + max(arg)) if axis not in positions]
+      arg = tuple(kept[axis] for axis in arg)
+    done[node] = made = LazyOp(node.op, tuple(_with_axes(src, positions, done) for src in node.src), arg)
+  return made
