@@ -59,7 +59,7 @@ LAYERS: dict[str, int] = {
   "shape": 2, "ops": 2,
   "codegen": 3,
   "runtime": 4, "device": 4, "beam": 4,
-  "lazy": 5, "fusion": 5, "schedule": 5, "index_check": 5, "realize": 5,
+  "lazy": 5, "fusion": 5, "merge": 5, "schedule": 5, "index_check": 5, "realize": 5,
   "function": 6, "tensor": 6, "nn": 6, "jit": 6, "amp": 6,
 }
 TOP = 7  # the `tinyc` package itself (tinyc/__init__.py): only it may import anything
