@@ -79,6 +79,26 @@ def test_elementwise_value_read_by_two_kernels_is_recomputed():
   assert len(kernel_items(total, largest)) == 1  # rule 2: no kernel materializes `shared`; rule 9: the two reduces read a and b once
   np.testing.assert_allclose([total.item(), largest.item()], [(a * b + 1).sum(), (a * b + 1).max()], rtol=1e-5)
 
+def test_sibling_reduces_share_one_walk_of_their_loop(tinyc_device):
+  """Rule 9's siblings in one kernel walk their loop once together, what both read computed once a trip; a reduce that reads
+  another (a softmax's sum of exp(x - max), the max over the same loop) waits for it in a walk of its own, and the max walks with
+  the plain sum: over (16, 64) rows, 2 loops over 64, not 3."""
+  (a,), (ta,) = realized_inputs((16, 64))
+  total, exps = ta.sum(1), (ta - ta.max(1, keepdim=True)).exp().sum(1)
+  (item,) = kernel_items(total, exps)
+  uops = Linearizer(Kernel(item.ast)).linearize()
+  assert sum(uop.op is UOps.LOOP and uop.arg.trips == 64 for uop in uops) == 2
+  np.testing.assert_allclose(total.numpy(), a.sum(1), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(exps.numpy(), np.exp(a - a.max(1, keepdims=True)).sum(1), rtol=1e-5)
+
+def test_siblings_that_each_read_a_reduce_of_their_own_walk_apart(tinyc_device):
+  """Two layernorms in one row kernel: each variance reads its own mean, and a mean's siblings are the other mean, not the variance
+  that reads that one (which walking with it recursed without end: a bfloat16 GPT step's layernorm)."""
+  (a, b), (ta, tb) = realized_inputs((16, 64), (16, 64))
+  def norm(t): return (centered := t - t.mean(1, keepdim=True)) / (centered * centered).mean(1, keepdim=True).add(1e-5).sqrt()
+  def reference(x): return (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5)
+  np.testing.assert_allclose((norm(ta) + norm(tb)).numpy(), reference(a) + reference(b), rtol=1e-4, atol=1e-5)
+
 def test_a_value_read_by_several_kernels_from_many_buffers_is_stored_once():
   # a residual stream: each layer adds relu(linear(layernorm(stream))), and each sum is read by the next layer's layernorm and by the
   # next sum. Recomputed (rule 2), the last kernel would read the first part and all 8 linear layers' outputs; a sum whose inputs come

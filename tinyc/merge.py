@@ -140,12 +140,15 @@ def _merge_shared_reduces(items: list[ScheduleItem]) -> list[ScheduleItem]:
   return ordered([merged.get(index, item) for index, item in enumerate(items) if index not in gone])
 
 def _sharing_reduces(first: ScheduleItem, second: ScheduleItem) -> ScheduleItem | None:
-  """`first` storing `second`'s outputs too, if every reduce of `second` is one of `first`'s and its axes are `first`'s or 1."""
+  """`first` storing `second`'s outputs too, where `second`'s axes are `first`'s or 1 and every reduce of `second` is one of `first`'s,
+  or every reduce `second` nests in another's loop is (attention's scores, rule 10) and the others run over loops `first` has."""
   if not all(size in (1, full) for size, full in zip(_full_shape(second.ast), _full_shape(first.ast))): return None
   both = _merged([first, second])
   def reduces(stores: tuple[LazyOp, ...]) -> set[LazyOp]: return {node for store in stores for node in store.walk() if node.op in ReduceOps}
-  theirs = reduces(both.ast.src[len(first.outs):])
-  return both if theirs <= reduces(both.ast.src[:len(first.outs)]) else None
+  theirs, ours = reduces(both.ast.src[len(first.outs):]), reduces(both.ast.src[:len(first.outs)])
+  nested = {reduce for reduce in theirs if any(reduce in other.src[0].walk() for other in theirs if other is not reduce)}
+  if theirs <= ours or nested and nested <= ours and all(reduce.arg in {other.arg for other in ours} for reduce in theirs - ours): return both
+  return None
 
 def _with_axes(node: LazyOp, positions: tuple[int, ...], done: dict[LazyOp, LazyOp] | None = None) -> LazyOp:
   """A kernel's tree with size-1 axes inserted at `positions` (numbered in the wider kernel): every tracker reshaped, every reduce's

@@ -39,9 +39,11 @@ each); the KernelBuilder only follows decisions. The rules, each held by a test 
      for a contraction of at most 128 products, along new axes of its own (the scores q.k); shared by at most 128 output elements
      (lanes). A value read through an expand along output axes that reaches such a contraction is computed there, not stored.
      softmax(q k^T) v is one kernel that stores no matrix of scores (fusion.nesting).
-  11. A kernel whose every reduce another kernel computes too, in the same loops less one or two axes its outputs do not span, and
-     that reads nothing the other does not, neither needing the other, becomes more outputs of the other (merge.py): attention's
-     log-sum-exp for the backward is stored by the forward's kernel, whose online softmax computes the same max and sum.
+  11. A kernel whose every reduce another kernel computes too (or whose every nested reduce it does, its others running over loops the
+     other reduces), in the same loops less one or two axes its outputs do not span, and that reads nothing the other does not,
+     neither needing the other, becomes more outputs of the other (merge.py): attention's log-sum-exp for the backward is stored by
+     the forward's kernel, whose online softmax computes the same max and sum, and dv by dk's kernel, which computes the same
+     probabilities.
 Rules 3 and 8 depend on what later kernels decide: a pass that stores a value an earlier kernel of the pass recomputed is run again,
 with that value known to be stored from the start (see Scheduler).
 """

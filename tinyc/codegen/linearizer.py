@@ -80,6 +80,7 @@ class Linearizer:
     # each buffer's number (its first, where one repeats): a Winograd transform reads 562 buffers, and list.index compared them one by one
     self.buffer_numbers = {buf: number for number, buf in reversed(list(enumerate(kernel.bufs)))}
     self.online = online_groups(kernel)  # softmax's max and the sums that read it, each group in one loop
+    self._walking: set[LazyOp] = set()  # the reduces whose loops are open (their siblings among them)
 
   # ---- making UOps ----
   def uop(self, op: UOps, dtype: DType | None, src: tuple[UOp, ...] = (), arg: Any = None, pure: bool = True) -> UOp:
@@ -347,8 +348,10 @@ class Linearizer:
 
   def reduce(self, reduceop: LazyOp, outer: Scope) -> None:
     """Accumulate the reduce's input over its axes, one accumulator per lane of `outer` it depends on, and record the results
-    in `outer`. After a GROUP, every thread gets them, except after the last reduce, outside loops, with no row to store."""
-    kernel, number, op = self.kernel, self.kernel.reduceops.index(reduceop), cast(ReduceOps, reduceop.op)
+    in `outer`. After a GROUP, every thread gets them, except after the last reduce, outside loops, with no row to store. Its
+    siblings (reduces over the same axes with the same accumulators, neither reading the other: rules 9 and 11 merge such kernels)
+    share the walk, so what they both read is computed once a trip (attention's scores, by its dk and dv kernel)."""
+    kernel, number = self.kernel, self.kernel.reduceops.index(reduceop)
     grouped, looped, unrolled = ([axis for axis in kernel.axes(kind) if number in kernel.owners[axis]] for kind in REDUCE_SIDE)
     if (group := self.online.get(reduceop)) is not None: return online_reduce(self, group, outer, grouped, looped, unrolled)
     key_axes = [axis for axis in outer.lane_axes if axis in self.value_axes(reduceop)]  # an accumulator for each of their lanes
@@ -357,13 +360,16 @@ class Linearizer:
     packed = None if self.threads else packed_axis(kernel, reduceop, key_axes)
     acc_axes = [axis for axis in key_axes if axis != packed]
     acc_keys = list(itertools.product(*[range(kernel.full_shape[axis]) for axis in acc_axes]))
-    accs = self.define_accs(reduceop, len(acc_keys), kernel.full_shape[packed] if packed is not None else 1)
-    scope = Scope(outer.bound | {axis: self.thread_idxs[axis] for axis in grouped}, sorted(key_axes + unrolled), dict(outer.reduced))
     tensor_cores, serial = bool(kernel.axes(AxisKind.TC)), kernel.axes(AxisKind.SERIAL)
+    members = [reduceop] if tensor_cores or serial or self.tiles else self.siblings(reduceop, outer, key_axes, packed)
+    accs = {member: self.define_accs(member, len(acc_keys), kernel.full_shape[packed] if packed is not None else 1) for member in members}
+    scope = Scope(outer.bound | {axis: self.thread_idxs[axis] for axis in grouped}, sorted(key_axes + unrolled), dict(outer.reduced))
     if serial: barriers = cast(UOp, self._stage_barriers)  # (started before the loop over the tiles)
     elif tensor_cores: barriers = start_tile_copies(self, scope.bound, looped)  # the first stages - 1 trips' tiles, before the loops
     elif self.tiles: store_tiles(self, load_tiles(self, scope.bound, looped, NumNode(0)))  # the first trip's, before the loops
-    loops = self.walk_loops(looped, reduceop.src[0], scope, (reduceop,))
+    sources = reduceop.src[0] if len(members) == 1 else LazyOp(BufferOps.SINK, tuple(member.src[0] for member in members))
+    self._walking.update(members)
+    loops = self.walk_loops(looped, sources, scope, tuple(members))
     counted = serial + looped  # trips count on across a persistent kernel's tiles
     trip = flatten_node([scope.bound[axis] for axis in counted], [kernel.full_shape[axis] for axis in counted])
     if tensor_cores: scope.tile_stage = enter_trip(self, barriers, scope.bound, looped, trip)
@@ -371,31 +377,48 @@ class Linearizer:
       scope.tile_stage = trip % 2
       upcoming = load_tiles(self, scope.bound, looped, trip + 1)
     if tensor_cores:
-      (wgmma if kernel.warpgroups else mma)(self, scope, accs, keys, key_axes)
+      (wgmma if kernel.warpgroups else mma)(self, scope, accs[reduceop], keys, key_axes)
       leave_trip(self, barriers, scope.bound, looped, trip)
     else:
       lanes = self.lanes(scope)
       if packed is not None: lanes = lanes._replace(packed=scope.lane_axes.index(packed))
-      values = self.parse(reduceop.src[0], lanes, scope)
-      steps: dict[tuple[int, ...], tuple[UOp, list[UOp]]] = {}  # (accumulator, lanes along the packed axis) of each unrolled step
-      for idxs, value in zip(lanes.idxs, values):
-        at = {axis: cast(NumNode, idxs[axis]).b for axis in scope.lane_axes}
-        acc = accs[acc_keys.index(tuple(at[axis] for axis in acc_axes))]
-        steps.setdefault(tuple(at[axis] for axis in scope.lane_axes if axis != packed), (acc, []))[1].append(value)
-      for acc, step in steps.values(): self.accumulate(op, acc, pack(self.uop, step))
+      for member in members:
+        steps: dict[tuple[int, ...], tuple[UOp, list[UOp]]] = {}  # (accumulator, lanes along the packed axis) of each unrolled step
+        for idxs, value in zip(lanes.idxs, self.parse(member.src[0], lanes, scope)):
+          at = {axis: cast(NumNode, idxs[axis]).b for axis in scope.lane_axes}
+          acc = accs[member][acc_keys.index(tuple(at[axis] for axis in acc_axes))]
+          steps.setdefault(tuple(at[axis] for axis in scope.lane_axes if axis != packed), (acc, []))[1].append(value)
+        for acc, step in steps.values(): self.accumulate(cast(ReduceOps, member.op), acc, pack(self.uop, step))
     if self.tiles and not tensor_cores: store_tiles(self, upcoming)  # into the other tile, which every thread read before the last barrier
     for loop in reversed(loops): self.end(loop)
+    self._walking.difference_update(members)
     if kernel.warpgroups: self.uop(UOps.WARPGROUP_SYNC, None, (), "wait 0", pure=False)  # the accumulators are final
     if tensor_cores and not serial: self.uop(UOps.ASYNC_WAIT, None, pure=False)  # no copy left running (they were for trips past the last)
-    partials = [self.uop(UOps.LOAD, acc.dtype, (acc,), pure=False) for acc in accs]
-    if packed is not None:  # each key's lane of its accumulator
-      partials = [self.uop(UOps.GEP, reduceop.dtype, (partials[acc_keys.index(tuple(key[key_axes.index(axis)] for axis in acc_axes))],),
-                           key[key_axes.index(packed)]) for key in keys]
-    if any(number in kernel.owners[axis] for axis in kernel.axes(AxisKind.LANE)): partials = [lane_reduce(self, op, value) for value in partials]
-    if grouped:
-      last = reduceop is kernel.reduceops[-1] and all(other in outer.reduced for other in kernel.reduceops[:-1])
-      partials = group_reduce(self, reduceop, partials, everyone=bool(self._open_loops) or not last or kernel.stores_rows)
-    outer.reduced[reduceop] = (tuple(key_axes), dict(zip(keys, partials)))
+    for member in members:
+      partials = [self.uop(UOps.LOAD, acc.dtype, (acc,), pure=False) for acc in accs[member]]
+      if packed is not None:  # each key's lane of its accumulator
+        partials = [self.uop(UOps.GEP, member.dtype, (partials[acc_keys.index(tuple(key[key_axes.index(axis)] for axis in acc_axes))],),
+                             key[key_axes.index(packed)]) for key in keys]
+      if any(number in kernel.owners[axis] for axis in kernel.axes(AxisKind.LANE)):
+        partials = [lane_reduce(self, cast(ReduceOps, member.op), value) for value in partials]
+      if grouped:
+        last = member is kernel.reduceops[-1] and all(other in outer.reduced for other in kernel.reduceops[:-1])
+        partials = group_reduce(self, member, partials, everyone=bool(self._open_loops) or not last or kernel.stores_rows)
+      outer.reduced[member] = (tuple(key_axes), dict(zip(keys, partials)))
+
+  def siblings(self, reduceop: LazyOp, outer: Scope, key_axes: list[int], packed: int | None) -> list[LazyOp]:
+    """The reduce and those that can share its walk: over the same axes, with accumulators for the same lanes (packed alike), none
+    reading another, neither computed nor being walked, and ready to be here."""
+    kernel, ready, members = self.kernel, set(outer.bound) | set(outer.lane_axes), [reduceop]
+    def axes_of(reduce: LazyOp) -> list[bool]: return [kernel.reduceops.index(reduce) in owners for owners in kernel.owners]
+    def joins(other: LazyOp) -> bool:
+      return (other not in outer.reduced and other not in self._walking and other not in self.online and axes_of(other) == axes_of(reduceop)
+              and all(other not in member.src[0].walk() and member not in other.src[0].walk() for member in members)
+              and self.value_axes(other) <= ready and [axis for axis in outer.lane_axes if axis in self.value_axes(other)] == key_axes
+              and (self.threads or packed_axis(kernel, other, key_axes) == packed))
+    for other in kernel.reduceops:
+      if other is not reduceop and joins(other): members.append(other)
+    return members
 
   def define_local(self, dtype: DType, name: str, size: int) -> UOp:
     """Local memory, defined at the kernel's scope (OpenCL allows no other) wherever it is used."""
