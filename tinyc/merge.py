@@ -35,30 +35,37 @@ def ordered(items: list[ScheduleItem]) -> list[ScheduleItem]:
     raise RuntimeError("assign: the new value of a tensor is needed to compute something that also reads its old value; realize() one of them first")
   return order
 
+class _Ancestry:
+  """The items each item must run after, transitively (a bitset each), kept true as kernels merge."""
+  def __init__(self, items: list[ScheduleItem]) -> None:
+    self.after, self.known = dependencies(items), list[int | None]([None] * len(items))
+  def of(self, index: int) -> int:
+    if (known := self.known[index]) is None:
+      known = 0
+      for dep in self.after[index]: known |= (1 << dep) | self.of(dep)
+      self.known[index] = known
+    return known
+  def join(self, indices: list[int]) -> None:
+    """`indices` are now one kernel: it runs after all that any of them ran after, and whatever ran after one runs after it all."""
+    bits, joined = sum(1 << index for index in indices), 0
+    for index in indices: joined |= self.of(index)
+    for other in range(len(self.known)):
+      if self.of(other) & bits: self.known[other] = self.of(other) | joined | bits
+    for index in indices: self.known[index] = joined
+
 def _merge_siblings(items: list[ScheduleItem]) -> list[ScheduleItem]:
   """Rule 9: kernels with the same loops that read a common input at least as large as their outputs, neither running before the
   other, become one kernel with the stores of both (that input is then read once). Not contractions: a matmul's tile is chosen
   for one accumulator set."""
-  after = dependencies(items)
-  ancestors: list[int | None] = [None] * len(items)  # bitsets of the items each must run after, transitively
-  def ancestors_of(index: int) -> int:
-    if (known := ancestors[index]) is None:
-      known = 0
-      for dep in after[index]: known |= (1 << dep) | ancestors_of(dep)
-      ancestors[index] = known
-    return known
-  members: dict[int, list[int]] = {}
+  ancestry, members = _Ancestry(items), dict[int, list[int]]()
   for group in _sibling_groups(items).values():
     clusters: list[int] = []
     for index in group:
       for first in clusters:
         bits = sum(1 << member for member in members[first])
-        if ancestors_of(first) >> index & 1 or ancestors_of(index) & bits or not _share_input(items[first], items[index]): continue
+        if ancestry.of(first) >> index & 1 or ancestry.of(index) & bits or not _share_input(items[first], items[index]): continue
         members[first].append(index)
-        merged = ancestors_of(first) | ancestors_of(index)
-        for other in range(len(items)):  # whatever ran after either now runs after the merged kernel and all it runs after
-          if ancestors_of(other) & (bits | 1 << index): ancestors[other] = ancestors_of(other) | merged | bits | 1 << index
-        ancestors[first] = ancestors[index] = merged
+        ancestry.join(members[first])
         break
       else:
         clusters.append(index)
@@ -112,14 +119,7 @@ def _merge_shared_reduces(items: list[ScheduleItem]) -> list[ScheduleItem]:
   axes (which its outputs do not span), and which reads nothing that kernel does not, neither running before the other, becomes
   outputs of that kernel: the reduces are computed once. Attention's log-sum-exp for the backward is so stored by the forward's
   kernel, whose online softmax computes the same max and sum in a loop that also spans the values' features."""
-  after = dependencies(items)
-  ancestors: list[int | None] = [None] * len(items)  # bitsets of the items each must run after, transitively
-  def ancestors_of(index: int) -> int:
-    if (known := ancestors[index]) is None:
-      known = 0
-      for dep in after[index]: known |= (1 << dep) | ancestors_of(dep)
-      ancestors[index] = known
-    return known
+  ancestry = _Ancestry(items)
   def rank(item: ScheduleItem) -> int: return len(item.ast.src[0].arg.st.shape)
   reducing = [index for index, item in enumerate(items) if item.ast.op is BufferOps.SINK and _top_reduces(item.ast)]
   merged: dict[int, ScheduleItem] = {}  # the kernel that takes another's outputs -> the two as one
@@ -127,14 +127,12 @@ def _merge_shared_reduces(items: list[ScheduleItem]) -> list[ScheduleItem]:
   for absorbed, taker in itertools.permutations(reducing, 2):
     first, second = items[taker], items[absorbed]
     if {absorbed, taker} & (gone | set(merged)) or not 0 < rank(first) - rank(second) <= 2 or first.outs[0].device != second.outs[0].device \
-       or not set(second.inputs) <= set(first.inputs) or ancestors_of(taker) >> absorbed & 1 or ancestors_of(absorbed) >> taker & 1: continue
+       or not set(second.inputs) <= set(first.inputs) or ancestry.of(taker) >> absorbed & 1 or ancestry.of(absorbed) >> taker & 1: continue
     for positions in itertools.combinations(range(rank(first)), rank(first) - rank(second)):
       if (both := _sharing_reduces(first, ScheduleItem(_with_axes(second.ast, positions), second.outs, second.inputs))) is None: continue
-      merged[taker], joined = both, ancestors_of(taker) | ancestors_of(absorbed)
+      merged[taker] = both
       gone.add(absorbed)
-      for other in range(len(items)):  # whatever ran after either now runs after the two and all they run after
-        if ancestors_of(other) & (1 << taker | 1 << absorbed): ancestors[other] = ancestors_of(other) | joined | 1 << taker | 1 << absorbed
-      ancestors[taker] = ancestors[absorbed] = joined
+      ancestry.join([taker, absorbed])
       break
   if not merged: return items
   return ordered([merged.get(index, item) for index, item in enumerate(items) if index not in gone])
