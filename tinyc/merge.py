@@ -10,9 +10,12 @@ def dependencies(items: list[ScheduleItem]) -> list[set[int]]:
   """For each item, the items that must run before it: those it reads, and for an ASSIGN every other item that reads the old value."""
   producer = {out: index for index, item in enumerate(items) for out in item.outs}
   after: list[set[int]] = [{producer[src] for src in item.inputs if src in producer} for item in items]
+  readers: dict[object, list[int]] = {}
+  for index, item in enumerate(items):
+    for src in item.inputs: readers.setdefault(src, []).append(index)
   for index, item in enumerate(items):
     for target in (out.srcs[1] for out in item.outs if out.op is LoadOps.ASSIGN):
-      after[index].update(other for other, reader in enumerate(items) if other != index and target in reader.inputs)
+      after[index].update(other for other in readers.get(target, ()) if other != index)
   return after
 
 def ordered(items: list[ScheduleItem]) -> list[ScheduleItem]:
@@ -115,32 +118,36 @@ def merge_kernels(items: list[ScheduleItem]) -> list[ScheduleItem]:
   return _merge_siblings(_merge_shared_reduces(items))
 
 def _merge_shared_reduces(items: list[ScheduleItem]) -> list[ScheduleItem]:
-  """Rule 11: a kernel whose every reduce another kernel computes too, in the same loops but without one or two of that kernel's
-  axes (which its outputs do not span), and which reads nothing that kernel does not, neither running before the other, becomes
-  outputs of that kernel: the reduces are computed once. Attention's log-sum-exp for the backward is so stored by the forward's
-  kernel, whose online softmax computes the same max and sum in a loop that also spans the values' features."""
+  """Rule 11: a kernel whose every reduce another kernel computes too (or whose every nested reduce it does, its other reduces
+  running over loops that kernel reduces), in the same loops but without one or two of that kernel's axes (which its outputs do not
+  span), and which reads nothing that kernel does not, neither running before the other, becomes outputs of that kernel: the shared
+  reduces are computed once. Attention's log-sum-exp for the backward is so stored by the forward's kernel, whose online softmax
+  computes the same max and sum in a loop that also spans the values' features, and dv by dk's kernel, which computes the same
+  probabilities over the same queries."""
   ancestry = _Ancestry(items)
-  def rank(item: ScheduleItem) -> int: return len(item.ast.src[0].arg.st.shape)
-  reducing = [index for index, item in enumerate(items) if item.ast.op is BufferOps.SINK and _top_reduces(item.ast)]
+  reducing = {index: (len(item.ast.src[0].arg.st.shape), item.outs[0].device, set(item.inputs)) for index, item in enumerate(items)
+              if item.ast.op is BufferOps.SINK and _top_reduces(item.ast)}
   merged: dict[int, ScheduleItem] = {}  # the kernel that takes another's outputs -> the two as one
-  gone: set[int] = set()
+  used: set[int] = set()
   for absorbed, taker in itertools.permutations(reducing, 2):
+    (wide, device, reads), (narrow, its_device, its_reads) = reducing[taker], reducing[absorbed]
+    if not 0 < wide - narrow <= 2 or device != its_device or not its_reads <= reads or absorbed in used or taker in used \
+       or ancestry.of(taker) >> absorbed & 1 or ancestry.of(absorbed) >> taker & 1: continue
     first, second = items[taker], items[absorbed]
-    if {absorbed, taker} & (gone | set(merged)) or not 0 < rank(first) - rank(second) <= 2 or first.outs[0].device != second.outs[0].device \
-       or not set(second.inputs) <= set(first.inputs) or ancestry.of(taker) >> absorbed & 1 or ancestry.of(absorbed) >> taker & 1: continue
-    for positions in itertools.combinations(range(rank(first)), rank(first) - rank(second)):
+    frame, its_frame = _full_shape(first.ast), _full_shape(second.ast)
+    for positions in itertools.combinations(range(wide), wide - narrow):
+      if not all(size in (1, full) for size, full in zip(_inserted(its_frame, positions), frame)): continue  # its axes are first's or 1
       if (both := _sharing_reduces(first, ScheduleItem(_with_axes(second.ast, positions), second.outs, second.inputs))) is None: continue
       merged[taker] = both
-      gone.add(absorbed)
+      used.update((taker, absorbed))
       ancestry.join([taker, absorbed])
       break
   if not merged: return items
-  return ordered([merged.get(index, item) for index, item in enumerate(items) if index not in gone])
+  return ordered([merged.get(index, item) for index, item in enumerate(items) if index in merged or index not in used])
 
 def _sharing_reduces(first: ScheduleItem, second: ScheduleItem) -> ScheduleItem | None:
-  """`first` storing `second`'s outputs too, where `second`'s axes are `first`'s or 1 and every reduce of `second` is one of `first`'s,
-  or every reduce `second` nests in another's loop is (attention's scores, rule 10) and the others run over loops `first` has."""
-  if not all(size in (1, full) for size, full in zip(_full_shape(second.ast), _full_shape(first.ast))): return None
+  """`first` storing `second`'s outputs too, where every reduce of `second` is one of `first`'s, or every reduce `second` nests in
+  another's loop is (attention's scores, rule 10) and the others run over loops `first` has."""
   both = _merged([first, second])
   def reduces(stores: tuple[LazyOp, ...]) -> set[LazyOp]: return {node for store in stores for node in store.walk() if node.op in ReduceOps}
   theirs, ours = reduces(both.ast.src[len(first.outs):]), reduces(both.ast.src[:len(first.outs)])
@@ -155,11 +162,15 @@ def _with_axes(node: LazyOp, positions: tuple[int, ...], done: dict[LazyOp, Lazy
   if (made := done.get(node)) is None:
     arg = node.arg
     if isinstance(arg, (MemBuffer, ConstBuffer)):
-      shape = list(arg.st.shape)
-      for position in positions: shape.insert(position, 1)
-      arg = type(arg)(arg.idx if isinstance(arg, MemBuffer) else arg.val, arg.dtype, arg.st.reshape(tuple(shape)))
+      arg = type(arg)(arg.idx if isinstance(arg, MemBuffer) else arg.val, arg.dtype, arg.st.reshape(_inserted(arg.st.shape, positions)))
     elif node.op in ReduceOps:
       kept = [axis for axis in range(len(positions) + 1 + max(arg)) if axis not in positions]
       arg = tuple(kept[axis] for axis in arg)
     done[node] = made = LazyOp(node.op, tuple(_with_axes(src, positions, done) for src in node.src), arg)
   return made
+
+def _inserted(shape: tuple[int, ...], positions: tuple[int, ...]) -> tuple[int, ...]:
+  """`shape` with a 1 inserted at each of `positions` (numbered in the result)."""
+  wider = list(shape)
+  for position in positions: wider.insert(position, 1)
+  return tuple(wider)

@@ -18,7 +18,7 @@ from tinyc.codegen.uops import (PACKED_16_BIT, PYTHON_ALU, VECTOR_WIDTH, GlobalB
                                UOp, UOps, cast_python_value, without_unused)
 from tinyc.codegen.tiles import Tile, define_tile, enter_trip, leave_trip, load_tiles, mma, start_tile_copies, store_tiles, wgmma
 from tinyc.codegen.packing import LOADED_DTYPES, pack, packed_axis
-from tinyc.codegen.online import online_groups, online_reduce
+from tinyc.codegen.online import online_groups, online_reduce, siblings
 from tinyc.codegen.bounds import identity_masks, loop_range
 from tinyc.codegen.thread_reduce import group_reduce, lane_reduce
 
@@ -80,7 +80,7 @@ class Linearizer:
     # each buffer's number (its first, where one repeats): a Winograd transform reads 562 buffers, and list.index compared them one by one
     self.buffer_numbers = {buf: number for number, buf in reversed(list(enumerate(kernel.bufs)))}
     self.online = online_groups(kernel)  # softmax's max and the sums that read it, each group in one loop
-    self._walking: set[LazyOp] = set()  # the reduces whose loops are open (their siblings among them)
+    self.walking: set[LazyOp] = set()  # the reduces whose loops are open (their siblings among them: online.siblings)
 
   # ---- making UOps ----
   def uop(self, op: UOps, dtype: DType | None, src: tuple[UOp, ...] = (), arg: Any = None, pure: bool = True) -> UOp:
@@ -361,14 +361,15 @@ class Linearizer:
     acc_axes = [axis for axis in key_axes if axis != packed]
     acc_keys = list(itertools.product(*[range(kernel.full_shape[axis]) for axis in acc_axes]))
     tensor_cores, serial = bool(kernel.axes(AxisKind.TC)), kernel.axes(AxisKind.SERIAL)
-    members = [reduceop] if tensor_cores or serial or self.tiles else self.siblings(reduceop, outer, key_axes, packed)
+    members = [reduceop] if tensor_cores or serial or self.tiles else [  # (on a CPU, those whose lanes pack alike: packing.py)
+      member for member in siblings(self, reduceop, outer, key_axes) if self.threads or packed_axis(kernel, member, key_axes) == packed]
     accs = {member: self.define_accs(member, len(acc_keys), kernel.full_shape[packed] if packed is not None else 1) for member in members}
     scope = Scope(outer.bound | {axis: self.thread_idxs[axis] for axis in grouped}, sorted(key_axes + unrolled), dict(outer.reduced))
     if serial: barriers = cast(UOp, self._stage_barriers)  # (started before the loop over the tiles)
     elif tensor_cores: barriers = start_tile_copies(self, scope.bound, looped)  # the first stages - 1 trips' tiles, before the loops
     elif self.tiles: store_tiles(self, load_tiles(self, scope.bound, looped, NumNode(0)))  # the first trip's, before the loops
     sources = reduceop.src[0] if len(members) == 1 else LazyOp(BufferOps.SINK, tuple(member.src[0] for member in members))
-    self._walking.update(members)
+    self.walking.update(members)
     loops = self.walk_loops(looped, sources, scope, tuple(members))
     counted = serial + looped  # trips count on across a persistent kernel's tiles
     trip = flatten_node([scope.bound[axis] for axis in counted], [kernel.full_shape[axis] for axis in counted])
@@ -391,7 +392,7 @@ class Linearizer:
         for acc, step in steps.values(): self.accumulate(cast(ReduceOps, member.op), acc, pack(self.uop, step))
     if self.tiles and not tensor_cores: store_tiles(self, upcoming)  # into the other tile, which every thread read before the last barrier
     for loop in reversed(loops): self.end(loop)
-    self._walking.difference_update(members)
+    self.walking.difference_update(members)
     if kernel.warpgroups: self.uop(UOps.WARPGROUP_SYNC, None, (), "wait 0", pure=False)  # the accumulators are final
     if tensor_cores and not serial: self.uop(UOps.ASYNC_WAIT, None, pure=False)  # no copy left running (they were for trips past the last)
     for member in members:
@@ -405,20 +406,6 @@ class Linearizer:
         last = member is kernel.reduceops[-1] and all(other in outer.reduced for other in kernel.reduceops[:-1])
         partials = group_reduce(self, member, partials, everyone=bool(self._open_loops) or not last or kernel.stores_rows)
       outer.reduced[member] = (tuple(key_axes), dict(zip(keys, partials)))
-
-  def siblings(self, reduceop: LazyOp, outer: Scope, key_axes: list[int], packed: int | None) -> list[LazyOp]:
-    """The reduce and those that can share its walk: over the same axes, with accumulators for the same lanes (packed alike), none
-    reading another, neither computed nor being walked, and ready to be here."""
-    kernel, ready, members = self.kernel, set(outer.bound) | set(outer.lane_axes), [reduceop]
-    def axes_of(reduce: LazyOp) -> list[bool]: return [kernel.reduceops.index(reduce) in owners for owners in kernel.owners]
-    def joins(other: LazyOp) -> bool:
-      return (other not in outer.reduced and other not in self._walking and other not in self.online and axes_of(other) == axes_of(reduceop)
-              and all(other not in member.src[0].walk() and member not in other.src[0].walk() for member in members)
-              and self.value_axes(other) <= ready and [axis for axis in outer.lane_axes if axis in self.value_axes(other)] == key_axes
-              and (self.threads or packed_axis(kernel, other, key_axes) == packed))
-    for other in kernel.reduceops:
-      if other is not reduceop and joins(other): members.append(other)
-    return members
 
   def define_local(self, dtype: DType, name: str, size: int) -> UOp:
     """Local memory, defined at the kernel's scope (OpenCL allows no other) wherever it is used."""

@@ -1,7 +1,8 @@
-"""Layer 3: softmax's reduces in one pass (online softmax). Imports dtype, ops, shape/, codegen/uops, codegen/axes; the Kernel and the
-Linearizer are passed in. A row max and the sums that read it as exp((y - max) c) run in one loop: a running max, and each sum rescaled by
-exp((old - new) c) whenever the max grows. Attention then computes its scores once per key instead of once for the max and again for
-each sum (scores.softmax() @ v: the max, the softmax's sum and the sum of the values), and reads each key and value once.
+"""Layer 3: reduces that run in one loop. Imports dtype, ops, shape/, codegen/uops, codegen/axes; the Kernel and the
+Linearizer are passed in. Softmax's reduces in one pass (online softmax): a row max and the sums that read it as exp((y - max) c) run in
+one loop, a running max, and each sum rescaled by exp((old - new) c) whenever the max grows. Attention then computes its scores once per
+key instead of once for the max and again for each sum (scores.softmax() @ v: the max, the softmax's sum and the sum of the values), and
+reads each key and value once. And siblings, reduces over the same loops that neither reads the other, walk them together.
 """
 from __future__ import annotations
 import functools, itertools, math
@@ -173,3 +174,18 @@ def _reads_peak(node: LazyOp, peak: LazyOp) -> bool:
 def _is_const(node: LazyOp, value: float) -> bool:
   if node.op is not BufferOps.CONST or isinstance(node.arg.val, Node): return False
   return bool(node.arg.val == value) and all(view.mask is None for view in node.arg.st.views)
+
+def siblings(lin: Linearizer, reduceop: LazyOp, outer: Scope, key_axes: list[int]) -> list[LazyOp]:
+  """The reduce and those that can share its walk (Linearizer.reduce): over the same axes, with accumulators for the same lanes, none
+  reading another, neither computed nor being walked, not online, and ready to be computed here."""
+  kernel, ready, members = lin.kernel, set(outer.bound) | set(outer.lane_axes), [reduceop]
+  if len(kernel.reduceops) == 1: return members
+  def axes_of(reduce: LazyOp) -> list[bool]: return [kernel.reduceops.index(reduce) in owners for owners in kernel.owners]
+  inside = {reduce: set(reduce.src[0].walk()) for reduce in kernel.reduceops}
+  def joins(other: LazyOp) -> bool:
+    return (other not in outer.reduced and other not in lin.walking and other not in lin.online and axes_of(other) == axes_of(reduceop)
+            and all(other not in inside[member] and member not in inside[other] for member in members)
+            and lin.value_axes(other) <= ready and [axis for axis in outer.lane_axes if axis in lin.value_axes(other)] == key_axes)
+  for other in kernel.reduceops:
+    if other is not reduceop and joins(other): members.append(other)
+  return members
