@@ -61,6 +61,7 @@ def loop_range(lin: Linearizer, scope: Scope, axis: int, index: Variable, later:
   # a work-group's threads share one range: each trip they read one key's row together (one broadcast load a warp), which threads
   # walking ranges of their own (a key's gradient from its own row on) would read 32 rows apart (H200: 2x slower, not faster)
   shared = {node for a in lin.kernel.axes(AxisKind.LOCAL, AxisKind.GROUP) if isinstance(node := lin.thread_idxs[a], Variable)}
+  if lin.kernel.axes(AxisKind.WARP): shared.add(lin.lane)  # and a warp's lanes, which run its mma together
   probe = type(scope)(scope.bound | {axis: index} | inner, scope.lane_axes, scope.reduced)
   lanes = []  # each lane's starts and ends, one a clause that bounds anything: the lane runs from the latest start to the earliest end
   for idxs in lin.lanes(probe).idxs:

@@ -64,6 +64,7 @@ class CStyleDialect:
   warpgroup_sync: Callable[[str], str] | None = None  # (WARPGROUP_SYNC's arg) -> statement
   barrier_wait: Callable[[str, str], str] | None = None  # (barrier address, phase parity) -> statement
   shuffle: Callable[[str, int, int], str] | None = None  # (value, offset, lanes) -> expression: SHUFFLE
+  transpose: Callable[[str, str], str] | None = None  # (result name, register) -> statement: TRANSPOSE
   local_pointer_prefix: str = ""  # before a pointer type into work-group-shared memory
   static_local_bytes: int | None = None  # local memory a kernel may declare as arrays; more is dynamic, its size in a comment (CUDA)
   prelude: str = ""
@@ -150,6 +151,7 @@ CUDA_DIALECT = CStyleDialect(
   launch_bounds=lambda threads: f"__launch_bounds__({threads}) ", wgmma=_cuda_wgmma,
   warpgroup_sync=lambda arg: f'asm volatile("{_WARPGROUP_SYNCS[arg]}" : : : "memory");',
   shuffle=lambda value, offset, lanes: f"__shfl_xor_sync(__lane_run({lanes}), {value}, {offset}, {lanes})",
+  transpose=lambda name, value: f'asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"({name}) : "r"({value}));',
   infinity="__int_as_float(0x7f800000)", nan="__int_as_float(0x7fc00000)")
 
 OPENCL_DIALECT = CStyleDialect(
@@ -369,6 +371,10 @@ class CStyleRenderer:
                                                    [self.names[src] for src in accs]))
       elif uop.op is UOps.WARPGROUP_SYNC: self.emit(self.require(dialect.warpgroup_sync, uop)(uop.arg))
       elif uop.op is UOps.SHUFFLE: self.define(uop, self.require(dialect.shuffle, uop)(self.names[uop.src[0]], *uop.arg), "alu")
+      elif uop.op is UOps.TRANSPOSE:
+        self.names[uop] = self.fresh("moved")
+        self.emit(f"{self.type_name(dtype)} {self.names[uop]};")
+        self.emit(self.require(dialect.transpose, uop)(self.names[uop], self.names[uop.src[0]]))
       elif uop.op is UOps.COPY_ASYNC:
         target, source = self.shared_address(uop.src[0], self.names[uop.src[1]]), f"{self.names[uop.src[2]]}+{self.names[uop.src[3]]}"
         if len(uop.src) == 5: source = f"{self.names[uop.src[2]]}+({self.names[uop.src[4]]}?{self.names[uop.src[3]]}:0)"

@@ -35,6 +35,7 @@ from tinyc.codegen.axes import (CPU_TARGET, GPU_MAX_UPCAST, KIND_COLORS, LANES, 
                                 tc_reduce)
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.codegen.online import factor_invariants
+from tinyc.codegen.register_mma import nested_tensor_core
 from tinyc.codegen.tile_layout import tile_layout
 from tinyc.codegen.warpgroups import check_opt, check_warpgroup
 from tinyc.shape.symbolic import AndNode, Node, Variable, sym_max
@@ -63,7 +64,8 @@ class Kernel:
     self.dont_use_locals = False
     self.staged: tuple[int, ...] = ()  # buffer numbers read through local memory
     self.tile_stages = 2  # the tiles of a staged input in local memory: this trip's, and those being filled for the next
-    self.warpgroups = False  # TC's tiles computed by warpgroups (WARPGROUP)
+    # TC's tiles computed by warpgroups (WARPGROUP); TC on nested contractions, its operands in registers (codegen/register_mma.py)
+    self.warpgroups = self.nested_tc = False
     self.applied_opts: list[Opt] = []
     for step in (self._sort_layout, self._drop_size_one_axes, self._merge_adjacent_axes): step()
 
@@ -318,6 +320,7 @@ class Kernel:
     check_opt(self.target.tensor_cores, opt, "this device has no tensor cores")
     check_opt(opt.amount == 0 or 2 <= opt.amount <= 8, opt, f"TC's amount is the number of tile stages, 2 to 8 (0: 2), not {opt.amount}")
     check_opt(set(self.kinds) <= {AxisKind.GLOBAL, AxisKind.REDUCE}, opt, "TC comes before every Opt but PADTO")
+    if self.nested_contractions(): return nested_tensor_core(self, opt)
     choices = self.tensor_core_choices()
     check_opt(0 <= opt.axis < len(choices), opt, f"choice {opt.axis} is not one of this kernel's {len(choices)} ways onto tensor cores "
            "(a sum of products of two 16-bit inputs, or float32 ones with ALLOW_TF32=1, M, N and K multiples of 16, 8 and 16 or 8)")
@@ -374,8 +377,7 @@ class Kernel:
     check_opt(self.local_size <= self.target.max_local_size, opt,
            f"{self.local_size} threads per work-group is over this device's {self.target.max_local_size}; use a smaller amount")
     thread_axes = tuple(self.full_shape[axis] for axis in self.axes(AxisKind.LOCAL, AxisKind.GROUP))  # the last is launch dimension 0
-    thread_axes += (self.size_of(AxisKind.WARP),) if self.axes(AxisKind.WARP) else ()  # a warp's threads are one dimension
-    thread_axes += (self.lane_count,) if self.axes(AxisKind.LANE) else ()  # and so are the LANE axes' lanes
+    thread_axes += (self.size_of(AxisKind.WARP) * self.lane_count,) if self.axes(AxisKind.WARP, AxisKind.LANE) else ()  # a warp's: one dim
     limits = self.target.max_local_dim_sizes
     check_opt(len(thread_axes) <= len(limits), opt, "no launch dimension is left for another local axis; use fewer LOCAL/GROUP axes")
     check_opt(all(size <= limit for size, limit in zip(reversed(thread_axes), limits)), opt,

@@ -21,6 +21,7 @@ from tinyc.codegen.packing import LOADED_DTYPES, pack, packed_axis
 from tinyc.codegen.online import online_groups, online_reduce, siblings
 from tinyc.codegen.bounds import identity_masks, loop_range
 from tinyc.codegen.thread_reduce import group_reduce, lane_reduce
+from tinyc.codegen.register_mma import computed_by_mma, register_mma
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
 IDENTITY = {BinaryOps.ADD: 0, BinaryOps.MUL: 1}
@@ -214,6 +215,10 @@ class Linearizer:
     if node.op is UnaryOps.BITCAST: return [self.uop(UOps.BITCAST, node.arg, (value,)) for value in srcs[0]]
     return [self.alu(node.op, node.dtype, *values) for values in zip(*srcs)]
 
+  def parse_at(self, node: LazyOp, idxs: list[list[Node]], sizes: list[int], scope: Scope) -> list[UOp]:
+    """The values of `node` at lanes given by their indices (laid out as `sizes`): a tensor core's fragments (register_mma.py)."""
+    return self.parse(node, Lanes(idxs, sizes), scope)
+
   def invariant_loop(self, buf: MemBuffer, addresses: list[Address]) -> UOp | None:
     """On a GPU, the outermost of the reduce loops around here whose trips, and those of every loop inside it, all read an input's
     elements at the same addresses: attention's query row in the loop over the keys, which ptxas left there for 16-bit values."""
@@ -289,13 +294,14 @@ class Linearizer:
         self.thread_idxs[axis] = Variable(name, 0, sym_max(size) - 1)
         if self.threads: self.loop_uops[name] = self.uop(UOps.SPECIAL, self.index_dtype, (), ThreadIndex(dim, name, size, kind), pure=False)
     for axis in kernel.axes(AxisKind.SERIAL): self.thread_idxs[axis] = Variable(f"sidx{axis}", 0, kernel.full_shape[axis] - 1)  # (linearize's loop)
-    if warp_axes:
+    if warp_axes:  # a tensor-core tile's 8 rows x 4 column pairs; with LANE axes (register_mma.py), the LANE index is the pair
       self.loop_uops["lane"] = self.uop(UOps.SPECIAL, self.index_dtype, (), ThreadIndex(0, "lane", 32, ThreadKind.LOCAL), pure=False)
-      self.thread_idxs[warp_axes[0]], self.thread_idxs[warp_axes[1]] = self.lane // 4, self.lane % 4
-    if lane_axes:  # one index for all of them, the neighbouring threads of dimension 0
+      self.thread_idxs.update(zip(warp_axes + lane_axes[:1], (self.lane // 4, self.lane % 4)))
+      if lane_axes: self.lane_index = self.lane % 4
+    elif lane_axes:  # one index for all of them, the neighbouring threads of dimension 0
       self.lane_index = Variable("lane", 0, kernel.lane_count - 1)
       self.loop_uops["lane"] = self.uop(UOps.SPECIAL, self.index_dtype, (), ThreadIndex(0, "lane", kernel.lane_count, ThreadKind.LOCAL), pure=False)
-      self.thread_idxs.update({axis: self.lane_index for axis in lane_axes})
+    self.thread_idxs.update({axis: self.lane_index for axis in lane_axes})
     assert self.threads or not thread_axes + warp_axes + lane_axes, "LOCAL, GROUP, WARP and LANE axes need a GPU"
     return [] if self.threads else [self.loop(f"gidx{axis}", kernel.full_shape[axis], axis, outermost_global=axis == global_axes[0])
                                     for axis in global_axes]
@@ -323,7 +329,7 @@ class Linearizer:
   def walk_loops(self, axes: list[int], hoisted: LazyOp, scope: Scope, reduces: tuple[LazyOp, ...] = ()) -> list[UOp]:
     """Open a loop for each axis (binding its index in `scope`), computing the reduces of `hoisted` as soon as they can be. The loops
     of `reduces` leave out the trips where a mask makes each of their inputs its identity (bounds.py)."""
-    loops, masks = [], identity_masks(self, reduces) if reduces and not self.tiles and not self.kernel.axes(AxisKind.TC) else []
+    loops, masks = [], identity_masks(self, reduces) if reduces and not self.tiles else []
     self.hoist(hoisted, scope)
     for number, axis in enumerate(axes):
       name, size = f"ridx{axis}", self.kernel.full_shape[axis]
@@ -360,7 +366,7 @@ class Linearizer:
     packed = None if self.threads else packed_axis(kernel, reduceop, key_axes)
     acc_axes = [axis for axis in key_axes if axis != packed]
     acc_keys = list(itertools.product(*[range(kernel.full_shape[axis]) for axis in acc_axes]))
-    tensor_cores, serial = bool(kernel.axes(AxisKind.TC)), kernel.axes(AxisKind.SERIAL)
+    tensor_cores, serial = bool(kernel.axes(AxisKind.TC)) and not kernel.nested_tc, kernel.axes(AxisKind.SERIAL)
     members = [reduceop] if tensor_cores or serial or self.tiles else [  # (on a CPU, those whose lanes pack alike: packing.py)
       member for member in siblings(self, reduceop, outer, key_axes) if self.threads or packed_axis(kernel, member, key_axes) == packed]
     accs = {member: self.define_accs(member, len(acc_keys), kernel.full_shape[packed] if packed is not None else 1) for member in members}
@@ -384,6 +390,9 @@ class Linearizer:
       lanes = self.lanes(scope)
       if packed is not None: lanes = lanes._replace(packed=scope.lane_axes.index(packed))
       for member in members:
+        if computed_by_mma(kernel, member):
+          register_mma(self, member, scope, accs[member], keys, key_axes)
+          continue
         steps: dict[tuple[int, ...], tuple[UOp, list[UOp]]] = {}  # (accumulator, lanes along the packed axis) of each unrolled step
         for idxs, value in zip(lanes.idxs, self.parse(member.src[0], lanes, scope)):
           at = {axis: cast(NumNode, idxs[axis]).b for axis in scope.lane_axes}
@@ -400,7 +409,7 @@ class Linearizer:
       if packed is not None:  # each key's lane of its accumulator
         partials = [self.uop(UOps.GEP, member.dtype, (partials[acc_keys.index(tuple(key[key_axes.index(axis)] for axis in acc_axes))],),
                              key[key_axes.index(packed)]) for key in keys]
-      if any(number in kernel.owners[axis] for axis in kernel.axes(AxisKind.LANE)):
+      if any(number in kernel.owners[axis] for axis in kernel.axes(AxisKind.LANE)) and not computed_by_mma(kernel, member):
         partials = [lane_reduce(self, cast(ReduceOps, member.op), value) for value in partials]
       if grouped:
         last = member is kernel.reduceops[-1] and all(other in outer.reduced for other in kernel.reduceops[:-1])

@@ -57,6 +57,7 @@ def nested_plan(kernel: Kernel) -> bool:
     after, float32 / bfloat16: log-sum-exp 78 -> 7.5 / 143 -> 9.9, output 36 -> 24 / 437 -> 39, dv 38 -> 21 / 145 -> 13, dq and dk
     29-32 -> 19-20 / 288 -> 17-22."""
   if not (inner := kernel.nested_contractions()): return False
+  if kernel.target.tensor_cores and kernel.target.warp_shuffles and tensor_core_plan(kernel): return True
   if kernel.target.warp_shuffles and lanes_plan(kernel): return True
   varying = set().union(*[kernel.value_axes(kernel.reduceops[number]) for number in inner])
   shared = [axis for axis in kernel.axes(AxisKind.GLOBAL) if axis not in varying and kernel.full_shape[axis] > 1]
@@ -138,6 +139,27 @@ def lanes_plan(kernel: Kernel, lanes: int = 0, queries: int = 0, groups: int = N
   if rows() and queries > 1: try_upcast(kernel, rows()[-1:], (queries, 2))
   if rows() and (divisors := [d for d in range(2, groups + 1) if kernel.full_shape[rows()[-1]] % d == 0]):
     try_opt(kernel, Opt(OptOps.LOCAL, rows()[-1], divisors[-1]))
+  return True
+
+# warps of a work-group along the rows of a nested kernel on tensor cores (each warp 16 rows: register_mma.py), and the 16-key steps
+# a trip of its keys' loop takes. H200, bfloat16 causal attention, ms of the forward, dq, and dk with dv: 1 and 1 were the fastest of
+# 1, 2, 4 or 8 warps and 1, 2 or 4 steps at 8x6x512x64 (0.067, 0.077, 0.097; 4 warps 0.072, 0.101, 0.114) and within 2.4% of it at
+# 8x16x2048x64 (1.371, 1.910, 2.554)
+NESTED_TC_WARPS = 1
+NESTED_TC_KEYS = 1
+
+def tensor_core_plan(kernel: Kernel, warps: int = NESTED_TC_WARPS, keys: int = NESTED_TC_KEYS) -> bool:
+  """A nested kernel of 16-bit contractions on tensor cores (TC, register_mma.py): the head dims unrolled whole, so each warp loads
+  its rows' A fragments once, before the loop over the keys, `keys` steps of 16 keys a trip, and `warps` warps a work-group along
+  the rows (or 2 where they do not divide them)."""
+  if not try_opt(kernel, Opt(OptOps.TC, 0, 0)): return False
+  inner = set(kernel.nested_contractions())
+  for index in reversed(range(len(kernel.axes(AxisKind.REDUCE)))):
+    if kernel.owners[kernel.axes(AxisKind.REDUCE)[index]] <= inner: try_opt(kernel, Opt(OptOps.UNROLL, index, 0))
+    elif keys > 1: try_opt(kernel, Opt(OptOps.UNROLL, index, keys))
+  varying = set().union(*[kernel.value_axes(kernel.reduceops[number]) for number in inner])
+  rows = [index for index, axis in enumerate(kernel.axes(AxisKind.GLOBAL)) if axis in varying and kernel.full_shape[axis] > 1]
+  if rows and warps > 1: next((amount for amount in (warps, 2) if try_opt(kernel, Opt(OptOps.LOCAL, rows[-1], amount))), None)
   return True
 
 def upcast_whole(kernel: Kernel, axis: int) -> bool:

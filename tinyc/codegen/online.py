@@ -12,7 +12,8 @@ from tinyc.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, Unary
 from tinyc.shape.symbolic import Node, NumNode
 from tinyc.codegen.uops import UOp, UOps
 from tinyc.codegen.axes import AxisKind
-from tinyc.codegen.thread_reduce import group_reduce
+from tinyc.codegen.thread_reduce import group_reduce, lane_reduce
+from tinyc.codegen.register_mma import computed_by_mma, register_mma
 if TYPE_CHECKING:
   from tinyc.codegen.kernel import Kernel
   from tinyc.codegen.linearizer import Linearizer, Scope
@@ -80,7 +81,7 @@ def online_groups(kernel: Kernel) -> dict[LazyOp, OnlineGroup]:
   the reduces is a SUM over the same axes of a value proportional to exp2((y - max) * scale), depending beyond the max only on output
   axes. Not with staged tiles or tensor cores (their loops are shared by a work-group's threads); a GROUP's threads each walk their
   share of the keys and meet after it (online_reduce)."""
-  if kernel.staged or kernel.axes(AxisKind.TC): return {}
+  if kernel.staged or (kernel.axes(AxisKind.TC) and not kernel.nested_tc): return {}
   groups: dict[LazyOp, OnlineGroup] = {}
   memo: dict[LazyOp, frozenset[int]] = {}
   for number, peak in enumerate(kernel.reduceops):
@@ -93,7 +94,7 @@ def online_groups(kernel: Kernel) -> dict[LazyOp, OnlineGroup]:
     scales = [_exp_scale(reduce.src[0], peak) if reduce.op is ReduceOps.SUM else None for reduce in readers]
     if not readers or None in scales or any(other in reduce.src[0].walk() for reduce in readers for other in readers): continue
     if any({axis for axis, owners in enumerate(kernel.owners) if kernel.reduceops.index(reduce) in owners} != side or
-           any(kernel.kinds[axis] not in (AxisKind.GLOBAL, AxisKind.LOCAL, AxisKind.UPCAST, AxisKind.LANE) for axis in
+           any(kernel.kinds[axis] not in (AxisKind.GLOBAL, AxisKind.LOCAL, AxisKind.UPCAST, AxisKind.LANE, AxisKind.FRAGMENT) for axis in
                kernel.value_axes(reduce, memo) - kernel.value_axes(peak, memo)) for reduce in readers): continue
     group = OnlineGroup(peak, tuple(readers), tuple(cast(float, scale) for scale in scales))
     groups.update({member: group for member in (peak, *readers)})
@@ -133,6 +134,9 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, grouped: li
       folded[key] = lin.alu(op, reduce.dtype, folded[key], value) if key in folded else value
     return folded
   trip_max = this_trip(group.peak, BinaryOps.MAX)
+  quads = [axis for axis in kernel.axes(AxisKind.LANE) if kernel.reduceops.index(group.peak) in kernel.owners[axis]]
+  if quads:  # keys split among lanes (register_mma.py): their maxes meet each trip, as an mma adds up the lanes' keys together
+    trip_max = {key: lane_reduce(lin, ReduceOps.MAX, value) for key, value in trip_max.items()}
   minus_inf, zero = lin.const(dtypes.min(dtype), dtype), lin.const(0.0, dtype)
   def usable(peak: UOp) -> UOp: return lin.alu(TernaryOps.WHERE, dtype, lin.alu(BinaryOps.CMPEQ, dtypes.bool, peak, minus_inf), zero, peak)
   def rescaled(value: UOp, peak: UOp, new_peak: UOp, scale: float) -> UOp:  # value * exp2((peak - new_peak) * scale), in value's dtype
@@ -146,14 +150,19 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, grouped: li
   scope.reduced[group.peak] = (tuple(key_axes[group.peak]), safe)  # the sums' inputs read the running max
   for reduce in group.sums: lin.hoist(reduce.src[0], scope)
   for reduce, scale in zip(group.sums, group.scales):
-    added = this_trip(reduce, BinaryOps.ADD)
+    by_mma = computed_by_mma(kernel, reduce)
+    added = {} if by_mma else this_trip(reduce, BinaryOps.ADD)
     for key, acc in zip(keys[reduce], accs[reduce]):
       kept = rescaled(lin.uop(UOps.LOAD, reduce.dtype, (acc,), pure=False), old[peak_key(reduce, key)], safe[peak_key(reduce, key)], scale)
-      lin.uop(UOps.STORE, None, (acc, lin.alu(BinaryOps.ADD, reduce.dtype, kept, added[key])), pure=False)
+      lin.uop(UOps.STORE, None, (acc, kept if by_mma else lin.alu(BinaryOps.ADD, reduce.dtype, kept, added[key])), pure=False)
+    if by_mma: register_mma(lin, reduce, type(scope)(scope.bound, sorted(key_axes[reduce] + unrolled), scope.reduced), accs[reduce],
+                            keys[reduce], key_axes[reduce])
   # the new max is stored last: C renderers name an accumulator's value by the accumulator, so every read of the old one comes first
   for key, acc in zip(keys[group.peak], accs[group.peak]): lin.uop(UOps.STORE, None, (acc, new[key]), pure=False)
   for loop in reversed(loops): lin.end(loop)
   results = {reduce: [lin.uop(UOps.LOAD, reduce.dtype, (acc,), pure=False) for acc in accs[reduce]] for reduce in members}
+  for reduce in group.sums if quads else ():  # each lane's keys' sums meet (by shuffles), but an mma's, which added all of them
+    if not computed_by_mma(kernel, reduce): results[reduce] = [lane_reduce(lin, ReduceOps.SUM, value) for value in results[reduce]]
   if grouped:
     own_peaks = dict(zip(keys[group.peak], results[group.peak]))
     results[group.peak] = group_reduce(lin, group.peak, results[group.peak], everyone=True)

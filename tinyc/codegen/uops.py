@@ -36,6 +36,8 @@ class UOps(Enum):
   BARRIER_WAIT = auto()   # src: (barriers, index, parity): wait until the barrier's phase of that parity (0 or 1) has completed
   WGMMA = auto()          # src: A's tile and index or registers, B's tile, index, accumulators; arg: a Warpgroup; starts a warpgroup's m64nNk16 mma
   SHUFFLE = auto()        # src: (value,); arg: (offset, lanes): the value of the lane whose place among `lanes` neighbours is this one's ^ offset
+  TRANSPOSE = auto()      # src: (register,): of the 8 x 8 16-bit matrix a warp's registers hold (a row a lane quarter, two columns a
+                          # lane), this lane's register of its transpose (movmatrix.trans)
   WARPGROUP_SYNC = auto() # arg: "fence" (registers ready for wgmma), "commit" (the wgmmas since are a group), "wait N" (at most N
                           # groups still running) or "proxy" (local memory stored by threads is seen by wgmma)
 

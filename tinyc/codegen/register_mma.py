@@ -1,0 +1,153 @@
+"""Layer 3: tensor cores inside a kernel of nested contractions (attention, schedule rule 10), their operands in registers. Imports
+dtype, ops, shape/, codegen/axes, codegen/uops; the Kernel and the Linearizer are passed in.
+
+TC on such a kernel (`nested_tensor_core`) lays a warp's 32 threads over mma.sync m16n8k16's fragments, as FlashAttention-2 does:
+- the rows (M: the queries of the forward, the keys of dk and dv) split (M/16, 2 FRAGMENT, 8 WARP): row g or g + 8 of a 16-row
+  tile, g = lane // 4;
+- the outer reduce's axis (the keys a row walks) split (T/16, 2 UNROLL "half", 4 LANE "quad", 2 UNROLL "pair"): key 8 half + 2 quad
+  + pair of 16, quad = lane % 4. That is where an mma's accumulators (C) hold a score of a 16 x 8 tile, both halves together
+  where its A operand holds the 16 x 16 probabilities that multiply the values, so a probability is computed in the registers
+  that hold its score and no thread exchanges them;
+- each nested contraction's own axis (the head dim) split (D/16, 16 TC): the K of the scores' mma;
+- the features (the values' head dim, the N of the second mma) split (F/8 UPCAST, 4 LANE, 2 FRAGMENT): the C fragment of the
+  output, its quad the keys' quad (one LANE index for both).
+A nested contraction, and every outer sum of a product of two 16-bit values that spans the features, is computed by mma: each
+thread builds its registers of A and B by computing the operands' elements where the fragment layouts put them (`register_mma`);
+the other reduces over the keys (softmax's max and sum) are added lane by lane, their quads meeting by shuffles.
+"""
+from __future__ import annotations
+import itertools
+from typing import TYPE_CHECKING, NamedTuple, cast
+from tinyc.dtype import DType, dtypes
+from tinyc.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, UnaryOps
+from tinyc.shape.symbolic import Node, NumNode
+from tinyc.codegen.axes import TC_DTYPES, AxisKind, KernelOptError, Opt
+from tinyc.codegen.uops import UOp, UOps
+if TYPE_CHECKING:
+  from tinyc.codegen.kernel import Kernel
+  from tinyc.codegen.linearizer import Linearizer, Scope
+
+def _check(condition: bool, opt: Opt, why: str) -> None:
+  if not condition: raise KernelOptError(f"{opt}: {why}")
+
+def _widened(node: LazyOp) -> LazyOp:  # a float32 cast of a 16-bit float is exact: the mma multiplies the 16-bit values
+  return node.src[0] if node.op is UnaryOps.CAST and node.dtype == dtypes.float32 and node.src[0].dtype in TC_DTYPES else node
+
+def mma_factors(reduceop: LazyOp) -> tuple[LazyOp, LazyOp] | None:
+  """The two 16-bit factors (of one dtype) whose products a SUM adds, or None."""
+  product = reduceop.src[0].src[0] if reduceop.src[0].op is UnaryOps.CAST and reduceop.src[0].dtype == dtypes.float32 else reduceop.src[0]
+  if reduceop.op is not ReduceOps.SUM or product.op is not BinaryOps.MUL: return None
+  a, b = map(_widened, product.src)
+  return (a, b) if a.dtype in TC_DTYPES and a.dtype == b.dtype else None
+
+def nested_tensor_core(kernel: Kernel, opt: Opt) -> None:
+  """TC (choice 0, amount 0) on a kernel of nested contractions: the splits of the module's docstring, the features upcast whole."""
+  inner = kernel.nested_contractions()
+  _check(opt.axis == 0 and opt.amount == 0, opt, "TC on a kernel of nested contractions takes axis 0 and amount 0")
+  _check(all(mma_factors(kernel.reduceops[number]) for number in inner), opt, "each nested contraction must sum products of two 16-bit inputs")
+  outer = [axis for axis in kernel.axes(AxisKind.REDUCE) if not kernel.owners[axis] <= set(inner)]
+  features, varying = kernel.features(), set().union(*[kernel.value_axes(kernel.reduceops[number]) for number in inner])
+  rows = [axis for axis in kernel.axes(AxisKind.GLOBAL) if axis in varying and kernel.full_shape[axis] != 1]
+  _check(len(outer) == 1 and len(features) <= 1 and bool(rows), opt, "it needs one outer reduce axis, rows, and one features axis or none")
+  own = [kernel.own_axis(number) for number in inner]
+  sizes = [(rows[-1], 16), (outer[0], 16)] + [(axis, 16) for axis in own] + [(axis, 8) for axis in features]
+  _check(all(isinstance(kernel.full_shape[axis], int) and kernel.full_shape[axis] % size == 0 for axis, size in sizes), opt,
+         f"rows, keys and head dims must be multiples of 16 and features of 8, not {[kernel.full_shape[axis] for axis, _ in sizes]}")
+  # every reduce over the keys that varies along the features is an mma, which adds the keys of all 4 quads together
+  for number in kernel.owners[outer[0]]:
+    _check(not features or features[0] not in kernel.value_axes(kernel.reduceops[number]) or mma_factors(kernel.reduceops[number]) is not None,
+           opt, "a sum over the keys along the features must be of products of two 16-bit values")
+  # positions among each kind stay put while axes split (a split's remainder keeps its kind and place)
+  row, key = kernel.axes(AxisKind.GLOBAL).index(rows[-1]), kernel.axes(AxisKind.REDUCE).index(outer[0])
+  feature = [kernel.axes(AxisKind.GLOBAL).index(axis) for axis in features]
+  heads = [kernel.axes(AxisKind.REDUCE).index(axis) for axis in own]
+  kernel.shift_to(kernel.axes(AxisKind.GLOBAL)[row], 16, AxisKind.FRAGMENT)
+  kernel.shift_to(kernel.axes(AxisKind.FRAGMENT)[-1], 8, AxisKind.WARP)
+  for position in feature:
+    kernel.shift_to(kernel.axes(AxisKind.GLOBAL)[position], 2, AxisKind.FRAGMENT)
+    kernel.shift_to(kernel.axes(AxisKind.GLOBAL)[position], 4, AxisKind.LANE)
+    if (tiles := kernel.full_shape[kernel.axes(AxisKind.GLOBAL)[position]]) > 1:
+      kernel.shift_to(kernel.axes(AxisKind.GLOBAL)[position], tiles, AxisKind.UPCAST)
+  kernel.shift_to(kernel.axes(AxisKind.REDUCE)[key], 2, AxisKind.UNROLL)
+  kernel.shift_to(kernel.axes(AxisKind.REDUCE)[key], 4, AxisKind.LANE)
+  kernel.shift_to(kernel.axes(AxisKind.REDUCE)[key], 2, AxisKind.UNROLL)
+  for position in heads: kernel.shift_to(kernel.axes(AxisKind.REDUCE)[position], 16, AxisKind.TC)
+  kernel.nested_tc = True
+
+class MmaRoles(NamedTuple):
+  """The axes a nested TC kernel's fragments are laid over (module docstring)."""
+  warp: int                    # row g of a 16-row tile (lane // 4)
+  row_pair: int                # rows g and g + 8 (FRAGMENT)
+  key_quad: int                # the outer reduce's keys 2 quad and 2 quad + 1 (LANE: lane % 4)
+  key_pair: int                # of those two (UNROLL)
+  key_half: int                # keys 0-7 or 8-15 (UNROLL)
+  feature_quad: int | None     # the features' quad (LANE, the same index)
+  feature_pair: int | None     # and pair (FRAGMENT)
+
+def mma_roles(kernel: Kernel) -> MmaRoles:
+  """Where nested_tensor_core put them: lane axes of one kind keep the order they were made in."""
+  lanes, fragments = kernel.axes(AxisKind.LANE), kernel.axes(AxisKind.FRAGMENT)
+  key_quad = next(axis for axis in lanes if kernel.owners[axis])
+  pair, half = [axis for axis in kernel.axes(AxisKind.UNROLL) if kernel.owners[axis] == kernel.owners[key_quad]][:2]
+  feature_quad = next((axis for axis in lanes if not kernel.owners[axis]), None)
+  return MmaRoles(kernel.axes(AxisKind.WARP)[0], fragments[0], key_quad, pair, half, feature_quad, fragments[1] if len(fragments) > 1 else None)
+
+def computed_by_mma(kernel: Kernel, reduceop: LazyOp) -> bool:
+  """Whether a nested TC kernel computes this reduce on tensor cores: a nested contraction, or an outer sum of 16-bit products
+  along the features (the keys of its rows summed by each mma over the quads)."""
+  if not kernel.nested_tc or mma_factors(reduceop) is None: return False
+  number, roles = kernel.reduceops.index(reduceop), mma_roles(kernel)
+  if any(number in kernel.owners[axis] for axis in kernel.axes(AxisKind.TC)): return True
+  return number in kernel.owners[roles.key_quad] and roles.feature_quad is not None and roles.feature_quad in kernel.value_axes(reduceop)
+
+def register_mma(lin: Linearizer, reduceop: LazyOp, scope: Scope, accs: list[UOp], keys: list[tuple[int, ...]], key_axes: list[int]) -> None:
+  """Add this trip's products to the reduce's accumulators: one mma for each of the scope's lanes the fragments do not cover (the
+  n-tiles, the unrolled steps of K). Registers of A (rows x K): row g + 8 (r % 2), K 2 quad + e + 8 (r // 2); of B (K x N): K
+  2 quad + e + 8 r, N g; each two 16-bit elements e = 0, 1. K is a TC axis (a nested contraction: N the keys) or the keys (N the
+  features); the accumulators are C's, row g + 8 r, N 2 quad + e."""
+  kernel, roles = lin.kernel, mma_roles(lin.kernel)
+  def along_rows(node: LazyOp) -> bool:  # (a tracker's shape spans an axis it broadcasts along: its strides tell A from B)
+    leaves = [leaf.arg for leaf in node.walk() if leaf.op in (BufferOps.LOAD, BufferOps.CONST)]
+    return any(not kernel.broadcast_along(lin.buffer_numbers[leaf], roles.warp) for leaf in leaves)
+  a_node, b_node = sorted(cast(tuple, mma_factors(reduceop)), key=lambda node: not along_rows(node))
+  number, g, quad = kernel.reduceops.index(reduceop), lin.lane // 4, lin.lane % 4
+  tc = next((axis for axis in kernel.axes(AxisKind.TC) if number in kernel.owners[axis]), None)
+  # K's index of register half `high`, element e (the mma's 2 quad + e + 8 high), and of row g of its 8 x 8 block `high` (8 high + g).
+  # A head dim is summed in any order, and A and B take the same one: 4 quad + 2 high + e puts a thread's 4 elements of a row side by
+  # side in memory (one load of 8 bytes); the keys' order is the scores' C fragment's (the probabilities stay in their registers)
+  if tc is not None:
+    def k_at(high: int, e: int) -> dict[int, Node]: return {tc: quad * 4 + 2 * high + e}
+    def k_row(high: int) -> dict[int, Node]: return {tc: (g // 2) * 4 + 2 * high + g % 2}
+    n_quad, n_pair, covered = roles.key_quad, roles.key_pair, {roles.row_pair, roles.key_pair}
+  else:
+    def k_at(high: int, e: int) -> dict[int, Node]: return {roles.key_half: NumNode(high), roles.key_pair: NumNode(e)}
+    def k_row(high: int) -> dict[int, Node]: return {roles.key_half: NumNode(high), roles.key_quad: g // 2, roles.key_pair: g % 2}
+    n_quad, n_pair = cast(int, roles.feature_quad), cast(int, roles.feature_pair)
+    covered = {roles.row_pair, n_pair, roles.key_half, roles.key_pair}
+  others = [axis for axis in scope.lane_axes if axis not in covered]
+  dtype = a_node.dtype
+  for values in itertools.product(*[range(kernel.full_shape[axis]) for axis in others]):
+    at = scope.bound | dict(zip(others, map(NumNode, values)))
+    def words(node: LazyOp, places: list[dict[int, Node]], sizes: list[int]) -> list[UOp]:  # the elements (laid out as sizes), two a word
+      elements = lin.parse_at(node, [[(at | place).get(axis, NumNode(0)) for axis in range(kernel.shape_len)] for place in places], sizes, scope)
+      return [_packed(lin, dtype, elements[i], elements[i + 1]) for i in range(0, len(elements), 2)]
+    by_row = words(a_node, [{roles.row_pair: NumNode(row)} | k_at(high, e) for row in range(2) for high in range(2) for e in range(2)], [2, 4])
+    a = [by_row[0], by_row[2], by_row[1], by_row[3]]  # (g, K's low half), (g + 8, low), (g, high), (g + 8, high)
+    b = words(b_node, [{n_quad: g // 2, n_pair: g % 2} | k_at(high, e) for high in range(2) for e in range(2)], [4])
+    if not all(map(_loaded, b)):  # B's elements of a register lie apart in memory (V: its keys), but neighbours along N: each
+      # 8 x 8 block read with K along the lanes' quarters, a word a lane, and transposed in registers
+      rows = words(b_node, [{n_pair: NumNode(e)} | k_row(high) for high in range(2) for e in range(2)], [2, 2])
+      if all(map(_loaded, rows)): b = [lin.uop(UOps.TRANSPOSE, word.dtype, (word,)) for word in rows]
+    corners = [at | {roles.row_pair: NumNode(r), n_pair: NumNode(e)} for r in range(2) for e in range(2)]
+    quad_accs = [accs[keys.index(tuple(cast(NumNode, corner[axis]).b for axis in key_axes))] for corner in corners]
+    lin.uop(UOps.WMMA, None, (*a, *b, *quad_accs), dtype, pure=False)
+
+def _packed(lin: Linearizer, dtype: DType, low: UOp, high: UOp) -> UOp:
+  """Two 16-bit values as one 32-bit register: a word of the vector loaded, where they are its two halves."""
+  if low.op is UOps.GEP and high.op is UOps.GEP and low.src == high.src and low.arg % 2 == 0 and high.arg == low.arg + 1:
+    vector = low.src[0]
+    if vector.dtype == dtype.vec(2): return vector
+    return lin.uop(UOps.GEP, dtype.vec(2), (vector,), low.arg // 2)  # (a 16-bit vector is 32-bit words)
+  return lin.uop(UOps.VECTORIZE, dtype.vec(2), (lin.cast(low, dtype), lin.cast(high, dtype)))
+
+def _loaded(word: UOp) -> bool: return word.op is UOps.LOAD or (word.op is UOps.GEP and word.src[0].op is UOps.LOAD)
