@@ -80,8 +80,15 @@ def test_attention_kernels_on_tensor_cores_compile_to_ptx(dtype, mask):
     assert sum(uop.op is UOps.WMMA for uop in uops) == [16, 24, 32][number]
     assert sum(uop.op is UOps.TRANSPOSE for uop in uops) == [16, 16, 32][number]
     assert (sum(uop.op is UOps.SHUFFLE for uop in uops) > 0) == (number == 0)  # the forward's max and sum meet across the quads
+    # every operand the mmas load is read 16 bytes a load (a thread's elements of a row side by side)
+    def loads(uop):
+      if uop.op is UOps.LOAD: return [uop]
+      return [load for src in uop.src for load in loads(src)] if uop.op in (UOps.GEP, UOps.TRANSPOSE) else []
+    read = [load for uop in uops if uop.op is UOps.WMMA for src in uop.src[:6] for load in loads(src)]
+    assert read and {load.dtype.itemsize for load in read} == {16}
     ptx = compile_cuda(kernel.name, render_cuda(kernel.name, uops), "sm_90", "ptx").decode()
     assert f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32" in ptx and "movmatrix.sync.aligned.m8n8.trans.b16" in ptx
+    assert f"cvt.rn.{kind}x2.f32" in ptx  # the probabilities (or their gradients) packed two a word by one instruction
 
 def arrays(shape, seed=0):
   return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)

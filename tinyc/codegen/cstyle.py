@@ -13,6 +13,7 @@ from typing import Any, Callable, cast
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import all_int, prod
 from tinyc.ops import BinaryOps, Op, TernaryOps, UnaryOps
+from tinyc.codegen.cuda_prelude import CUDA_PRELUDE
 from tinyc.codegen.uops import PACKED_16_BIT, Fragment, ThreadKind, UOp, UOps, Warpgroup
 
 def _is_signed(dtype: DType) -> bool: return dtypes.is_int(dtype) and not dtypes.is_unsigned(dtype)
@@ -65,6 +66,7 @@ class CStyleDialect:
   barrier_wait: Callable[[str, str], str] | None = None  # (barrier address, phase parity) -> statement
   shuffle: Callable[[str, int, int], str] | None = None  # (value, offset, lanes) -> expression: SHUFFLE
   transpose: Callable[[str, str], str] | None = None  # (result name, register) -> statement: TRANSPOSE
+  pack_pair: Callable[[DType, str, str], str] | None = None  # (16-bit dtype, low float, high float) -> the 32-bit word of both, rounded
   local_pointer_prefix: str = ""  # before a pointer type into work-group-shared memory
   static_local_bytes: int | None = None  # local memory a kernel may declare as arrays; more is dynamic, its size in a comment (CUDA)
   prelude: str = ""
@@ -124,20 +126,7 @@ CUDA_DIALECT = CStyleDialect(
   lambda vtype, lanes: f"make_{vtype}({','.join(lanes)})", lambda name: f"unsigned {name}",
   lambda bits: f"__longlong_as_double((long long){bits})", lambda value: f"__double_as_longlong({value})",
   lambda value, name: f"unsigned short {name} = __float_to_half_bits({value});", lambda name: f"__half_bits_to_float({name})",
-  prelude=("__device__ inline float __half_bits_to_float(unsigned short h) {\n"
-           "  float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f;\n}\n"
-           "__device__ inline unsigned short __float_to_half_bits(float f) {\n"
-           "  unsigned short h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h;\n}\n"
-           "__device__ inline unsigned int __shared_address(const void* p) {\n"
-           "  unsigned int a; asm(\"{ .reg .u64 q; cvta.to.shared.u64 q, %1; cvt.u32.u64 %0, q; }\" : \"=r\"(a) : \"l\"(p)); return a;\n}\n"
-           # try_wait (sm_90) suspends the thread a while before it answers; test_wait (sm_80) answers at once
-           "__device__ inline void __barrier_wait(unsigned int barrier, unsigned int parity) {\n"
-           "  unsigned int done; do { asm volatile(\"{ .reg .pred p; mbarrier.\"\n"
-           "#if __CUDA_ARCH__ >= 900\n\"try_wait\"\n#else\n\"test_wait\"\n#endif\n\".parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }\"\n"
-           "  : \"=r\"(done) : \"r\"(barrier), \"r\"(parity) : \"memory\"); } while (!done);\n}\n"
-           # the lanes a SHUFFLE exchanges among (LANES): this lane's aligned run of `lanes` in its warp, which meet there together
-           "__device__ inline unsigned int __lane_run(unsigned int lanes) {\n"
-           "  unsigned int lane; asm(\"mov.u32 %0, %%laneid;\" : \"=r\"(lane)); return (0xffffffffu >> (32 - lanes)) << (lane & ~(lanes - 1));\n}\n"),
+  prelude=CUDA_PRELUDE,
   shared_address=lambda name: f"__shared_address({name})",
   load_fragment=_cuda_load_fragment, mma=_cuda_mma, copy_async=_cuda_copy_async,
   async_commit=lambda barrier: f'asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" : : "r"({barrier}) : "memory");',
@@ -152,6 +141,7 @@ CUDA_DIALECT = CStyleDialect(
   warpgroup_sync=lambda arg: f'asm volatile("{_WARPGROUP_SYNCS[arg]}" : : : "memory");',
   shuffle=lambda value, offset, lanes: f"__shfl_xor_sync(__lane_run({lanes}), {value}, {offset}, {lanes})",
   transpose=lambda name, value: f'asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"({name}) : "r"({value}));',
+  pack_pair=lambda dtype, low, high: f"__pack_{'bf16' if dtype == dtypes.bfloat16 else 'f16'}x2({low}, {high})",
   infinity="__int_as_float(0x7f800000)", nan="__int_as_float(0x7fc00000)")
 
 OPENCL_DIALECT = CStyleDialect(
@@ -254,6 +244,8 @@ class CStyleRenderer:
 
   def packed(self, lanes: list[UOp]) -> str:
     """16-bit floats (held as floats) as a packed vector: each rounded to its 16 bits, two to a word, the first in the low half."""
+    if (pair := self.dialect.pack_pair) is not None:
+      return self.packed_words([pair(cast(DType, low.dtype), self.names[low], self.names[high]) for low, high in zip(lanes[::2], lanes[1::2])])
     def bits(lane: UOp) -> str:
       if lane.dtype == dtypes.bfloat16: return self.bfloat16_bits(self.names[lane])
       return f"(unsigned int){self.to_bits(self.names[lane], dtypes.float16)}"

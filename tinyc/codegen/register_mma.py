@@ -65,7 +65,7 @@ def nested_tensor_core(kernel: Kernel, opt: Opt) -> None:
   kernel.shift_to(kernel.axes(AxisKind.FRAGMENT)[-1], 8, AxisKind.WARP)
   for position in feature:
     kernel.shift_to(kernel.axes(AxisKind.GLOBAL)[position], 2, AxisKind.FRAGMENT)
-    kernel.shift_to(kernel.axes(AxisKind.GLOBAL)[position], 4, AxisKind.LANE)
+    kernel.shift_to(kernel.axes(AxisKind.GLOBAL)[position], 4, AxisKind.LANE, top=True)  # a quad's features side by side: wide loads
     if (tiles := kernel.full_shape[kernel.axes(AxisKind.GLOBAL)[position]]) > 1:
       kernel.shift_to(kernel.axes(AxisKind.GLOBAL)[position], tiles, AxisKind.UPCAST)
   kernel.shift_to(kernel.axes(AxisKind.REDUCE)[key], 2, AxisKind.UNROLL)
@@ -101,10 +101,10 @@ def computed_by_mma(kernel: Kernel, reduceop: LazyOp) -> bool:
   return number in kernel.owners[roles.key_quad] and roles.feature_quad is not None and roles.feature_quad in kernel.value_axes(reduceop)
 
 def register_mma(lin: Linearizer, reduceop: LazyOp, scope: Scope, accs: list[UOp], keys: list[tuple[int, ...]], key_axes: list[int]) -> None:
-  """Add this trip's products to the reduce's accumulators: one mma for each of the scope's lanes the fragments do not cover (the
-  n-tiles, the unrolled steps of K). Registers of A (rows x K): row g + 8 (r % 2), K 2 quad + e + 8 (r // 2); of B (K x N): K
-  2 quad + e + 8 r, N g; each two 16-bit elements e = 0, 1. K is a TC axis (a nested contraction: N the keys) or the keys (N the
-  features); the accumulators are C's, row g + 8 r, N 2 quad + e."""
+  """Add this trip's products to the reduce's accumulators: one mma for each n-tile and step of K among the scope's lanes. Registers
+  of A (rows x K): row g + 8 (r % 2), K 2 quad + e + 8 (r // 2); of B (K x N): K 2 quad + e + 8 r, N g; each two 16-bit elements
+  e = 0, 1. K is a TC axis (a nested contraction: N the keys) or the keys (N the features); the accumulators are C's, row g + 8 r,
+  N 2 quad + e. Each operand's words of a trip are read by one parse, so neighbours in memory load together (16 bytes)."""
   kernel, roles = lin.kernel, mma_roles(lin.kernel)
   def along_rows(node: LazyOp) -> bool:  # (a tracker's shape spans an axis it broadcasts along: its strides tell A from B)
     leaves = [leaf.arg for leaf in node.walk() if leaf.op in (BufferOps.LOAD, BufferOps.CONST)]
@@ -112,35 +112,51 @@ def register_mma(lin: Linearizer, reduceop: LazyOp, scope: Scope, accs: list[UOp
   a_node, b_node = sorted(cast(tuple, mma_factors(reduceop)), key=lambda node: not along_rows(node))
   number, g, quad = kernel.reduceops.index(reduceop), lin.lane // 4, lin.lane % 4
   tc = next((axis for axis in kernel.axes(AxisKind.TC) if number in kernel.owners[axis]), None)
-  # K's index of register half `high`, element e (the mma's 2 quad + e + 8 high), and of row g of its 8 x 8 block `high` (8 high + g).
-  # A head dim is summed in any order, and A and B take the same one: 4 quad + 2 high + e puts a thread's 4 elements of a row side by
-  # side in memory (one load of 8 bytes); the keys' order is the scores' C fragment's (the probabilities stay in their registers)
-  if tc is not None:
-    def k_at(high: int, e: int) -> dict[int, Node]: return {tc: quad * 4 + 2 * high + e}
-    def k_row(high: int) -> dict[int, Node]: return {tc: (g // 2) * 4 + 2 * high + g % 2}
-    n_quad, n_pair, covered = roles.key_quad, roles.key_pair, {roles.row_pair, roles.key_pair}
+  if tc is not None: n_quad, n_pair, covered = roles.key_quad, roles.key_pair, {roles.row_pair, roles.key_pair}
   else:
-    def k_at(high: int, e: int) -> dict[int, Node]: return {roles.key_half: NumNode(high), roles.key_pair: NumNode(e)}
-    def k_row(high: int) -> dict[int, Node]: return {roles.key_half: NumNode(high), roles.key_quad: g // 2, roles.key_pair: g % 2}
     n_quad, n_pair = cast(int, roles.feature_quad), cast(int, roles.feature_pair)
     covered = {roles.row_pair, n_pair, roles.key_half, roles.key_pair}
   others = [axis for axis in scope.lane_axes if axis not in covered]
-  dtype = a_node.dtype
-  for values in itertools.product(*[range(kernel.full_shape[axis]) for axis in others]):
-    at = scope.bound | dict(zip(others, map(NumNode, values)))
+  # the head dim's unrolled 16-steps: each a step of K (one mma each); the N side's other lanes are n-tiles
+  steps = next((axis for axis in others if tc is not None and kernel.owners[axis] == kernel.owners[tc] and kernel.kinds[axis] is AxisKind.UNROLL),
+               None)
+  size = kernel.full_shape[steps] if steps is not None else 1
+  n_side = (lambda axis: kernel.owners[axis] == kernel.owners[roles.key_quad]) if tc is not None else (lambda axis: not kernel.owners[axis])
+  tiles = [axis for axis in others if axis != steps and n_side(axis)]
+  rest = [axis for axis in others if axis != steps and axis not in tiles]
+  def k_index(q: Node, e: Node, high: int, step: int) -> dict[int, Node]:
+    """K's element of quarter q, e, of half `high` (the mma's 2 q + e + 8 high) of step `step`. A head dim is summed in any order, A
+    and B in the same: 4 size q + 4 step + 2 high + e puts a thread's elements of a row side by side in memory; the keys' order is
+    the scores' C fragment's (the probabilities stay in their registers)."""
+    if tc is None: return {roles.key_half: NumNode(high), roles.key_quad: q, roles.key_pair: e}
+    place = q * (4 * size) + 4 * step + 2 * high + e
+    return {tc: place % 16} | ({steps: place // 16} if steps is not None else {})
+  dtype, ranges = a_node.dtype, lambda axes: itertools.product(*[range(kernel.full_shape[axis]) for axis in axes])  # noqa: E731
+  tile_values = list(ranges(tiles))
+  for values in ranges(rest):
+    at = scope.bound | dict(zip(rest, map(NumNode, values)))
     def words(node: LazyOp, places: list[dict[int, Node]], sizes: list[int]) -> list[UOp]:  # the elements (laid out as sizes), two a word
       elements = lin.parse_at(node, [[(at | place).get(axis, NumNode(0)) for axis in range(kernel.shape_len)] for place in places], sizes, scope)
       return [_packed(lin, dtype, elements[i], elements[i + 1]) for i in range(0, len(elements), 2)]
-    by_row = words(a_node, [{roles.row_pair: NumNode(row)} | k_at(high, e) for row in range(2) for high in range(2) for e in range(2)], [2, 4])
-    a = [by_row[0], by_row[2], by_row[1], by_row[3]]  # (g, K's low half), (g + 8, low), (g, high), (g + 8, high)
-    b = words(b_node, [{n_quad: g // 2, n_pair: g % 2} | k_at(high, e) for high in range(2) for e in range(2)], [4])
+    # A: (row, step, half) words, a row's steps and halves side by side; B: (tile, step, half), or read along N and transposed
+    a = words(a_node, [{roles.row_pair: NumNode(row)} | k_index(quad, NumNode(e), high, step)
+                       for row in range(2) for step in range(size) for high in range(2) for e in range(2)], [2, 4 * size])
+    def tile_at(tile: tuple[int, ...]) -> dict[int, Node]: return dict(zip(tiles, map(NumNode, tile)))
+    b = words(b_node, [tile_at(tile) | {n_quad: g // 2, n_pair: g % 2} | k_index(quad, NumNode(e), high, step)
+                       for tile in tile_values for step in range(size) for high in range(2) for e in range(2)], [len(tile_values), 4 * size])
     if not all(map(_loaded, b)):  # B's elements of a register lie apart in memory (V: its keys), but neighbours along N: each
-      # 8 x 8 block read with K along the lanes' quarters, a word a lane, and transposed in registers
-      rows = words(b_node, [{n_pair: NumNode(e)} | k_row(high) for high in range(2) for e in range(2)], [2, 2])
-      if all(map(_loaded, rows)): b = [lin.uop(UOps.TRANSPOSE, word.dtype, (word,)) for word in rows]
-    corners = [at | {roles.row_pair: NumNode(r), n_pair: NumNode(e)} for r in range(2) for e in range(2)]
-    quad_accs = [accs[keys.index(tuple(cast(NumNode, corner[axis]).b for axis in key_axes))] for corner in corners]
-    lin.uop(UOps.WMMA, None, (*a, *b, *quad_accs), dtype, pure=False)
+      # 8 x 8 block read with K along the lanes' quarters (a row of N a quarter, two neighbours a lane) and transposed in registers
+      rows = words(b_node, [tile_at(tile) | {n_pair: NumNode(e)} | k_index(g // 2, g % 2, high, step)
+                            for step in range(size) for high in range(2) for tile in tile_values for e in range(2)], [2 * size, 2 * len(tile_values)])
+      if all(map(_loaded, rows)):  # (step, half, tile) -> (tile, step, half)
+        moved = [lin.uop(UOps.TRANSPOSE, word.dtype, (word,)) for word in rows]
+        b = [moved[(step * 2 + high) * len(tile_values) + t] for t in range(len(tile_values)) for step in range(size) for high in range(2)]
+    for t, tile in enumerate(tile_values):
+      corners = [at | tile_at(tile) | {roles.row_pair: NumNode(r), n_pair: NumNode(e)} for r in range(2) for e in range(2)]
+      quad_accs = [accs[keys.index(tuple(cast(NumNode, corner[axis]).b for axis in key_axes))] for corner in corners]
+      for step in range(size):
+        registers = [a[row * 2 * size + step * 2 + high] for high in range(2) for row in range(2)]  # (g, low), (g + 8, low), (g, high), ...
+        lin.uop(UOps.WMMA, None, (*registers, *b[(t * size + step) * 2:][:2], *quad_accs), dtype, pure=False)
 
 def _packed(lin: Linearizer, dtype: DType, low: UOp, high: UOp) -> UOp:
   """Two 16-bit values as one 32-bit register: a word of the vector loaded, where they are its two halves."""
