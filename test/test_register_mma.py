@@ -51,6 +51,8 @@ def test_tc_lays_a_warp_over_the_fragments_of_each_attention_kernel():
   (dtypes.bfloat16, (1, 2, 256, 64), KernelTarget(has_local=True, warp_shuffles=True), [Opt(OptOps.TC, 0, 0)], "no tensor cores"),
   (dtypes.bfloat16, (1, 2, 256, 64), H200, [Opt(OptOps.LANES, 0, 4), Opt(OptOps.TC, 0, 0)], "before every Opt"),
   (dtypes.bfloat16, (1, 2, 256, 64), H200, [Opt(OptOps.TC, 0, 2)], "axis 0 and amount 0"),
+  # a group reduce's partials have a slot per LOCAL id and LANE index, which the warp's 8 rows would share
+  (dtypes.bfloat16, (1, 2, 256, 64), H200, [Opt(OptOps.TC, 0, 0), Opt(OptOps.GROUP, 0, 2)], "tensor cores takes none"),
 ])
 def test_tc_on_attention_is_refused_where_it_cannot_apply(dtype, shape, target, opts, message):
   for kernel in sdpa_kernels(dtype, shape):
@@ -58,7 +60,7 @@ def test_tc_on_attention_is_refused_where_it_cannot_apply(dtype, shape, target, 
     for opt in opts[:-1]: kernel.apply_opt(opt)
     before = (kernel.full_shape, kernel.kinds)
     with pytest.raises(KernelOptError, match=message): kernel.apply_opt(opts[-1])
-    assert (kernel.full_shape, kernel.kinds, kernel.nested_tc) == before + (False,)
+    assert (kernel.full_shape, kernel.kinds, kernel.nested_tc) == before + (opts[0].op is OptOps.TC and len(opts) > 1,)
 
 @pytest.mark.parametrize("dtype", [dtypes.bfloat16, dtypes.float16], ids=lambda dtype: dtype.name)
 @pytest.mark.parametrize("mask", ["causal", None, "additive"])

@@ -248,8 +248,8 @@ class Kernel:
     check_opt(amount > 1 and size % amount == 0, opt, f"amount {amount} must be > 1 and divide the axis size {size}")
     if opt.op is OptOps.BLOCK: return self._block(opt, axis, amount)
     if opt.op in (OptOps.GROUP, OptOps.GROUPTOP):
-      check_opt(all(self.owners[group] == self.owners[axis] for group in self.axes(AxisKind.GROUP)), opt,
-             "every GROUP axis of a kernel must split the same reduces (their threads are shared)")
+      check_opt(not self.nested_tc and all(self.owners[group] == self.owners[axis] for group in self.axes(AxisKind.GROUP)), opt,
+             "every GROUP axis of a kernel must split the same reduces (their threads are shared), and attention on tensor cores takes none")
     self.shift_to(axis, amount, SPLIT_KINDS[opt.op], top=opt.op is OptOps.GROUPTOP)
     if amount == size: self._drop_size_one_axes()
 

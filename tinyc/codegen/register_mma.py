@@ -9,8 +9,8 @@ TC on such a kernel (`nested_tensor_core`) lays a warp's 32 threads over mma.syn
   where its A operand holds the 16 x 16 probabilities that multiply the values, so a probability is computed in the registers
   that hold its score and no thread exchanges them;
 - each nested contraction's own axis (the head dim) split (D/16, 16 TC): the K of the scores' mma;
-- the features (the values' head dim, the N of the second mma) split (F/8 UPCAST, 4 LANE, 2 FRAGMENT): the C fragment of the
-  output, its quad the keys' quad (one LANE index for both).
+- the features (the values' head dim, the N of the second mma) split (4 LANE, F/8 UPCAST, 2 FRAGMENT): feature F/4 quad + 2 tile
+  + pair, the C fragment of the output, its quad the keys' quad (one LANE index for both), a quad's features side by side.
 A nested contraction, and every outer sum of a product of two 16-bit values that spans the features, is computed by mma: each
 thread builds its registers of A and B by computing the operands' elements where the fragment layouts put them (`register_mma`);
 the other reduces over the keys (softmax's max and sum) are added lane by lane, their quads meeting by shuffles.
