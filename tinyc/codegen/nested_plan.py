@@ -144,8 +144,8 @@ def lanes_plan(kernel: Kernel, lanes: int = 0, queries: int = 0, groups: int = N
 # warps of a work-group along the rows of a nested kernel on tensor cores (each warp 16 rows: register_mma.py), and the 16-key steps
 # a trip of its keys' loop takes. H200, bfloat16 causal attention, ms of the forward, dq, and dk with dv, operands read 4 bytes a load:
 # 1 and 1 were the fastest of 1, 2, 4 or 8 warps and 1, 2 or 4 steps at 8x6x512x64 (0.067, 0.077, 0.097; 4 warps 0.072, 0.101, 0.114)
-# and within 2.4% of it at 8x16x2048x64 (1.371, 1.910, 2.554); 8 bytes a load, 1-4 warps and 1-2 steps: within 0.8% of the best at both
-# sizes. Not measured again since operands load 16 bytes
+# and within 2.4% of it at 8x16x2048x64 (1.371, 1.910, 2.554); 8 bytes a load, 1-4 warps and 1-2 steps: within 2.4% of the best at 512
+# and 0.8% at 2048. Not measured again since operands load 16 bytes
 NESTED_TC_WARPS = 1
 NESTED_TC_KEYS = 1
 
