@@ -92,6 +92,23 @@ def test_attention_kernels_on_tensor_cores_compile_to_ptx(dtype, mask):
     assert f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32" in ptx and "movmatrix.sync.aligned.m8n8.trans.b16" in ptx
     assert f"cvt.rn.{kind}x2.f32" in ptx  # the probabilities (or their gradients) packed two a word by one instruction
 
+@pytest.mark.parametrize("extra", [[Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.LOCAL, 1, 2)], [Opt(OptOps.UPCAST, 1, 2)]], ids=["keys_by_2", "rows_by_2"])
+def test_other_plans_on_tensor_cores_compile_to_ptx(extra):
+  """Plans BEAM may reach from the heuristic's: 32 keys a trip (the values' mma takes two steps of K) on 2 warps, or two 16-row tiles
+  a warp (A's fragments read for each): one mma per tile and step, every one in the PTX."""
+  try:
+    from tinyc.runtime.nvrtc import compile_cuda, load_nvrtc
+    load_nvrtc()
+  except (ImportError, RuntimeError) as error: pytest.skip(f"NVRTC is not installed here ({error}); CI installs it")
+  for number, kernel in enumerate(sdpa_kernels(dtypes.bfloat16)):
+    for opt in [Opt(OptOps.TC, 0, 0)] + extra: kernel.apply_opt(opt)
+    kernel.limit_global_dims(3)
+    uops = Linearizer(kernel, threads=True).linearize()
+    # a trip (the head dims' steps looped): 2 x 2 score tiles a contraction, 2 x 8 output tiles a sum of values: the forward 4 + 16,
+    # dq 4 + 4 + 16, dk and dv 4 + 4 + 16 + 16
+    assert sum(uop.op is UOps.WMMA for uop in uops) == [20, 24, 40][number]
+    assert "mma.sync.aligned.m16n8k16" in compile_cuda(kernel.name, render_cuda(kernel.name, uops), "sm_90", "ptx").decode()
+
 def arrays(shape, seed=0):
   return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
