@@ -115,6 +115,17 @@ def test_a_gelu_backward_of_a_million_elements_runs_on_two_threads(monkeypatch):
   with Context(CPU_THREADS=2): x.grad.realize()
   assert [len(ranges) for ranges in runs] == [2], runs
 
+def test_a_gelu_of_a_million_elements_runs_on_two_threads(monkeypatch):
+  """A bias add and tanh-gelu forward (the GPT's): 22 uops an element, but its exp2 is 20 ALU ops inline (cpu_split.INLINE_ALU_OPS),
+  about 41M in all: worth two threads, where counting the exp as one op kept it on one."""
+  runs = record_runs(monkeypatch)
+  x = Tensor(np.linspace(-3, 3, 1 << 20, dtype=np.float32).reshape(2048, 512), device="LLVM")
+  bias = Tensor(np.linspace(-1, 1, 512, dtype=np.float32), device="LLVM")
+  with Context(CPU_THREADS=2): out = (x + bias).gelu().numpy()
+  assert [len(ranges) for ranges in runs] == [2], runs
+  y = np.linspace(-3, 3, 1 << 20, dtype=np.float32).reshape(2048, 512) + np.linspace(-1, 1, 512, dtype=np.float32)
+  np.testing.assert_allclose(out, 0.5 * y * (1 + np.tanh(0.7978845608 * (y + 0.044715 * y ** 3))), rtol=1e-5, atol=1e-6)
+
 @pytest.mark.parametrize("name, outermost_global", [("rows", True), ("gidx0", False)])
 def test_the_loop_split_is_the_one_marked_outermost_global_whatever_its_name(name, outermost_global, split_runs):
   uops = doubling_uops(Loop(name, vectorize=False, outermost_global=outermost_global))

@@ -6,6 +6,7 @@ Only kernels worth it are split: a kernel with constant loop bounds compiles abo
 emitting vector code with remainder loops and runtime checks), and waking a pool thread costs more than a small kernel runs.
 """
 from __future__ import annotations
+from tinyc.ops import UnaryOps
 from tinyc.codegen.uops import UOp, UOps, executed
 
 # Waking a pool thread for a range and joining it costs 30-90 us (measured on a 2-core KVM guest), so a thread's share should be
@@ -15,6 +16,13 @@ from tinyc.codegen.uops import UOp, UOps, executed
 # of 1M 0.9-1.1 -> 0.86-0.94 (a*a+a of 1M and a 256 matmul unchanged; 8M was no better than 16M).
 CPU_WORK_PER_THREAD = 16 << 20  # ALU ops, loads and stores executed
 
+# the ALU ops the LLVM renderer writes for one of these (llvmir._exp2, _log2: a range reduction, a polynomial, the special cases)
+INLINE_ALU_OPS = {UnaryOps.EXP2: 20, UnaryOps.LOG2: 30}
+
+def _work(uop: UOp) -> int:
+  if uop.op is UOps.ALU: return INLINE_ALU_OPS.get(uop.arg, 1)
+  return int(uop.op in (UOps.LOAD, UOps.STORE))
+
 def outermost_global_loop(uops: list[UOp]) -> UOp | None:
   """The LOOP the linearizer marked as the kernel's outermost global loop (Loop.outermost_global); None in a kernel without one."""
   return next((uop for uop in uops if uop.op is UOps.LOOP and uop.arg.outermost_global), None)
@@ -23,7 +31,7 @@ def outer_split(uops: list[UOp]) -> tuple[int, int] | None:
   """(the outermost global loop's trips, the fewest worth a thread) for a kernel worth two threads or more, else None."""
   if (loop := outermost_global_loop(uops)) is None or loop.src[1].op is not UOps.CONST: return None  # (a symbolic loop: one thread)
   rows = loop.src[1].arg
-  work = executed(uops, lambda uop: uop.op in (UOps.ALU, UOps.LOAD, UOps.STORE))
+  work = executed(uops, _work)
   min_rows = -(-CPU_WORK_PER_THREAD * rows // max(work, 1))  # rounded up
   return (rows, min_rows) if rows >= 2 * min_rows else None
 

@@ -144,14 +144,15 @@ def loop_trips(loop: UOp) -> int:
   """A LOOP's trip count: its end where that is a constant, else the largest its Variables allow."""
   return loop.src[1].arg if loop.src[1].op is UOps.CONST else sym_max(loop.arg.trips)
 
-def executed(uops: list[UOp], counted: Callable[[UOp], bool]) -> int:
-  """How often the `counted` uops run: each once per iteration of the loops around it (and per GPU thread), once a lane of a vector."""
+def executed(uops: list[UOp], counted: Callable[[UOp], int]) -> int:
+  """How often the `counted` uops run, times their weight (a bool counts 1): each once per iteration of the loops around it (and per
+  GPU thread), once a lane of a vector."""
   total, trips = 0, 1
   for uop in uops:
     if uop.op is UOps.LOOP: trips *= loop_trips(uop)
     elif uop.op is UOps.END and uop.src[0].op is UOps.LOOP: trips //= loop_trips(uop.src[0])
     elif uop.op is UOps.SPECIAL: trips *= sym_max(uop.arg.size)  # one GPU thread per index
-    elif counted(uop): total += trips * (uop.dtype.count if uop.dtype is not None else 1)
+    elif weight := counted(uop): total += trips * (uop.dtype.count if uop.dtype is not None else 1) * weight
   return total
 
 VALUE_ONLY = (UOps.CONST, UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.GEP, UOps.VECTORIZE, UOps.LOAD)  # ops that do nothing but make a value
