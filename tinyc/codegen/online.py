@@ -79,8 +79,8 @@ def _varies(node: LazyOp, axes: set[int]) -> bool:
 def online_groups(kernel: Kernel) -> dict[LazyOp, OnlineGroup]:
   """Each reduce that runs in one loop with others (by every member): a float MAX of values a reduce computes, whose every reader among
   the reduces is a SUM over the same axes of a value proportional to exp2((y - max) * scale), depending beyond the max only on output
-  axes. Not with staged tiles or tensor cores (their loops are shared by a work-group's threads); a GROUP's threads each walk their
-  share of the keys and meet after it (online_reduce)."""
+  axes. Not with staged tiles or a matmul's tensor cores (their loops are shared by a work-group's threads); a GROUP's threads each walk
+  their share of the keys and meet after it, and attention on tensor cores (register_mma.py) walks so too (online_reduce)."""
   if kernel.staged or (kernel.axes(AxisKind.TC) and not kernel.nested_tc): return {}
   groups: dict[LazyOp, OnlineGroup] = {}
   memo: dict[LazyOp, frozenset[int]] = {}

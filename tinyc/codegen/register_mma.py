@@ -122,8 +122,8 @@ def register_mma(lin: Linearizer, reduceop: LazyOp, scope: Scope, accs: list[UOp
                None)
   size = kernel.full_shape[steps] if steps is not None else 1
   n_side = (lambda axis: kernel.owners[axis] == kernel.owners[roles.key_quad]) if tc is not None else (lambda axis: not kernel.owners[axis])
-  tiles = [axis for axis in others if axis != steps and n_side(axis)]
-  rest = [axis for axis in others if axis != steps and axis not in tiles]
+  n_tiles = [axis for axis in others if axis != steps and n_side(axis)]
+  rest = [axis for axis in others if axis != steps and axis not in n_tiles]
   def k_index(q: Node, e: Node, high: int, step: int) -> dict[int, Node]:
     """K's element of quarter q, e, of half `high` (the mma's 2 q + e + 8 high) of step `step`. A head dim is summed in any order, A
     and B in the same: 4 size q + 4 step + 2 high + e puts a thread's elements of a row side by side in memory; the keys' order is
@@ -132,7 +132,7 @@ def register_mma(lin: Linearizer, reduceop: LazyOp, scope: Scope, accs: list[UOp
     place = q * (4 * size) + 4 * step + 2 * high + e
     return {tc: place % 16} | ({steps: place // 16} if steps is not None else {})
   dtype, ranges = a_node.dtype, lambda axes: itertools.product(*[range(kernel.full_shape[axis]) for axis in axes])  # noqa: E731
-  tile_values = list(ranges(tiles))
+  tile_values = list(ranges(n_tiles))
   for values in ranges(rest):
     at = scope.bound | dict(zip(rest, map(NumNode, values)))
     def words(node: LazyOp, places: list[dict[int, Node]], sizes: list[int]) -> list[UOp]:  # the elements (laid out as sizes), two a word
@@ -141,7 +141,7 @@ def register_mma(lin: Linearizer, reduceop: LazyOp, scope: Scope, accs: list[UOp
     # A: (row, step, half) words, a row's steps and halves side by side; B: (tile, step, half), or read along N and transposed
     a = words(a_node, [{roles.row_pair: NumNode(row)} | k_index(quad, NumNode(e), high, step)
                        for row in range(2) for step in range(size) for high in range(2) for e in range(2)], [2, 4 * size])
-    def tile_at(tile: tuple[int, ...]) -> dict[int, Node]: return dict(zip(tiles, map(NumNode, tile)))
+    def tile_at(tile: tuple[int, ...]) -> dict[int, Node]: return dict(zip(n_tiles, map(NumNode, tile)))
     b = words(b_node, [tile_at(tile) | {n_quad: g // 2, n_pair: g % 2} | k_index(quad, NumNode(e), high, step)
                        for tile in tile_values for step in range(size) for high in range(2) for e in range(2)], [len(tile_values), 4 * size])
     if not all(map(_loaded, b)):  # B's elements of a register lie apart in memory (V: its keys), but neighbours along N: each
