@@ -7,13 +7,13 @@ import pytest
 import torch
 from tinyc import Device, Tensor
 from tinyc.dtype import DType, dtypes
-from tinyc.ops import LoadOps
+from tinyc.ops import BinaryOps, LoadOps
 from tinyc.schedule import create_schedule
 from tinyc.codegen.cstyle import render_cuda
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.kernel import GPU_MAX_UPCAST, AxisKind, Kernel, KernelOptError, KernelTarget, Opt, OptOps
 from tinyc.codegen.linearizer import Linearizer
-from tinyc.codegen.register_mma import mma_roles
+from tinyc.codegen.register_mma import computed_by_mma, mma_roles
 from tinyc.codegen.uops import UOps
 
 H200 = KernelTarget(has_local=True, max_upcast=GPU_MAX_UPCAST, tensor_cores=True, warp_shuffles=True, local_memory_bytes=227 * 1024,
@@ -46,7 +46,7 @@ def test_tc_lays_a_warp_over_the_fragments_of_each_attention_kernel():
     assert [kernel.full_shape[axis] for axis in (roles.row_pair, roles.key_pair, roles.key_half)] == [2, 2, 2]
 
 @pytest.mark.parametrize("dtype,shape,target,opts,message", [
-  (dtypes.float32, (1, 2, 256, 64), H200, [Opt(OptOps.TC, 0, 0)], "16-bit inputs"),
+  (dtypes.float64, (1, 2, 256, 64), H200, [Opt(OptOps.TC, 0, 0)], "16-bit or float32 inputs"),
   (dtypes.bfloat16, (1, 2, 256, 40), H200, [Opt(OptOps.TC, 0, 0)], "multiples of 16"),
   (dtypes.bfloat16, (1, 2, 256, 64), KernelTarget(has_local=True, warp_shuffles=True), [Opt(OptOps.TC, 0, 0)], "no tensor cores"),
   (dtypes.bfloat16, (1, 2, 256, 64), H200, [Opt(OptOps.LANES, 0, 4), Opt(OptOps.TC, 0, 0)], "before every Opt"),
@@ -108,6 +108,52 @@ def test_other_plans_on_tensor_cores_compile_to_ptx(extra):
     # dq 4 + 4 + 16, dk and dv 4 + 4 + 16 + 16
     assert sum(uop.op is UOps.WMMA for uop in uops) == [20, 24, 40][number]
     assert "mma.sync.aligned.m16n8k16" in compile_cuda(kernel.name, render_cuda(kernel.name, uops), "sm_90", "ptx").decode()
+
+def mlp_weight_gradient_kernel(x_shape=(64, 32), hidden=96, features=24) -> Kernel:
+  """The kernel of an MLP's second weight gradient under a sum's upstream of ones: gelu(x w1 + b1) summed over the tokens, x w1
+  nested (rule 10). The reduce's product is gelu's own (0.5 (h + b) times 1 + tanh(...)), expanded along the features by its constants."""
+  x, w1, b1, w2 = (Tensor.empty(*shape) for shape in (x_shape, (x_shape[1], hidden), (hidden,), (hidden, features)))
+  leaves = [Tensor(t.lazydata, requires_grad=True) for t in (w1, b1, w2)]
+  ((x @ leaves[0] + leaves[1]).gelu() @ leaves[2]).sum().backward()
+  return next(kernel for item in create_schedule([leaves[2].grad.lazydata]) if item.ast.op not in LoadOps
+              and (kernel := Kernel(item.ast, H200)).nested_contractions())
+
+def test_a_product_whose_factors_both_span_the_rows_is_no_mma(monkeypatch):
+  """A sum over the keys whose value is one along the features (only its constants are expanded there) is added lane by lane, not by
+  an mma: neither of gelu's factors is B (broadcast along the rows). The bug: the mma read one factor as B, each thread's own row
+  for every feature (wrong weight gradients, float32 on the H200)."""
+  monkeypatch.setattr(Device[Device.DEFAULT], "target", H200)  # the GPU's schedule: x w1 nested
+  kernel = mlp_weight_gradient_kernel()
+  kernel.apply_opt(Opt(OptOps.TC, 0, 0))
+  assert [computed_by_mma(kernel, reduceop) for reduceop in kernel.reduceops] == [True, False]
+  uops = Linearizer(kernel, threads=True).linearize()
+  assert sum(uop.op is UOps.WMMA for uop in uops) == 2 * 2 * 3  # x w1 only, a 16-step of its loop: 2 tiles of 8 keys x 2 TF32 steps x 3
+
+def _mma_loads(uop):
+  """The loads an mma's register is made of: through vector lanes, register transposes and the 3xTF32 split's bit operations."""
+  if uop.op is UOps.LOAD: return [uop]
+  splits = uop.op is UOps.ALU and uop.arg in (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.AND)
+  return [load for src in uop.src for load in _mma_loads(src)] if uop.op in (UOps.GEP, UOps.TRANSPOSE, UOps.BITCAST) or splits else []
+
+@pytest.mark.parametrize("mask", ["causal", None, "additive"])
+def test_float32_attention_on_tensor_cores_is_3xtf32(mask):
+  """The heuristic puts float32 attention on tensor cores too, as 3xTF32 (as torch's memory-efficient kernel does): each value split
+  into a TF32 part and the TF32 of what remains, and big x big + big x small + small x big added by three mma m16n8k8 a step of 8
+  (two a 16-bit step), so the products keep about 21 of float32's 24 bits. B's fragments of the values (strided along the keys) are
+  read 16 bytes a load too: a thread's features of the n-tiles lie side by side (the features split quad, pair, tiles)."""
+  try:
+    from tinyc.runtime.nvrtc import compile_cuda, load_nvrtc
+    load_nvrtc()
+  except (ImportError, RuntimeError) as error: pytest.skip(f"NVRTC is not installed here ({error}); CI installs it")
+  for number, kernel in enumerate(sdpa_kernels(dtypes.float32, mask=mask)):
+    assert hand_coded_optimizations(kernel)[0] == Opt(OptOps.TC, 0, 0)
+    kernel.limit_global_dims(3)
+    uops = Linearizer(kernel, threads=True).linearize()
+    assert sum(uop.op is UOps.WMMA for uop in uops) == [16, 24, 32][number] * 2 * 3 and not any(uop.op is UOps.TRANSPOSE for uop in uops)
+    read = [load for uop in uops if uop.op is UOps.WMMA for src in uop.src[:6] for load in _mma_loads(src)]
+    assert read and {load.dtype.itemsize for load in read} == {16}
+    ptx = compile_cuda(kernel.name, render_cuda(kernel.name, uops), "sm_90", "ptx").decode()
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx
 
 def arrays(shape, seed=0):
   return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)

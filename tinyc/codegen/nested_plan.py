@@ -150,9 +150,9 @@ NESTED_TC_WARPS = 1
 NESTED_TC_KEYS = 1
 
 def tensor_core_plan(kernel: Kernel, warps: int = NESTED_TC_WARPS, keys: int = NESTED_TC_KEYS) -> bool:
-  """A nested kernel of 16-bit contractions on tensor cores (TC, register_mma.py): the head dims unrolled whole, so each warp loads
-  its rows' A fragments once, before the loop over the keys, `keys` steps of 16 keys a trip, and `warps` warps a work-group along
-  the rows (or 2 where they do not divide them)."""
+  """A nested kernel of 16-bit or float32 (3xTF32) contractions on tensor cores (TC, register_mma.py): the head dims unrolled whole,
+  so each warp loads its rows' A fragments once, before the loop over the keys, `keys` steps of 16 keys a trip, and `warps` warps a
+  work-group along the rows (or 2 where they do not divide them)."""
   if not try_opt(kernel, Opt(OptOps.TC, 0, 0)): return False
   inner = set(kernel.nested_contractions())
   for index in reversed(range(len(kernel.axes(AxisKind.REDUCE)))):

@@ -14,6 +14,11 @@ TC on such a kernel (`nested_tensor_core`) lays a warp's 32 threads over mma.syn
 A nested contraction, and every outer sum of a product of two 16-bit values that spans the features, is computed by mma: each
 thread builds its registers of A and B by computing the operands' elements where the fragment layouts put them (`register_mma`);
 the other reduces over the keys (softmax's max and sum) are added lane by lane, their quads meeting by shuffles.
+Float32 contractions run as 3xTF32, as torch's memory-efficient attention does: each element x split into big = x rounded to TF32
+(10 mantissa bits) and small = x - big (exact), and big x big + big x small + small x big added by three mma.sync m16n8k8 (K 8:
+a 16-bit step's half "high" a step, its two elements e two registers), so a product keeps about 21 of float32's 24 bits. There
+the features split (4 LANE, 2 FRAGMENT, F/8 UPCAST) instead: a thread's features of the n-tiles side by side, so B's fragments
+of the values (strided along the keys, no 32-bit transpose) load 16 bytes a load too.
 """
 from __future__ import annotations
 import itertools
@@ -27,6 +32,8 @@ if TYPE_CHECKING:
   from tinyc.codegen.kernel import Kernel
   from tinyc.codegen.linearizer import Linearizer, Scope
 
+NESTED_TC_DTYPES = TC_DTYPES + (dtypes.float32,)  # float32 as 3xTF32 (module docstring)
+
 def _check(condition: bool, opt: Opt, why: str) -> None:
   if not condition: raise KernelOptError(f"{opt}: {why}")
 
@@ -34,29 +41,42 @@ def _widened(node: LazyOp) -> LazyOp:  # a float32 cast of a 16-bit float is exa
   return node.src[0] if node.op is UnaryOps.CAST and node.dtype == dtypes.float32 and node.src[0].dtype in TC_DTYPES else node
 
 def mma_factors(reduceop: LazyOp) -> tuple[LazyOp, LazyOp] | None:
-  """The two 16-bit factors (of one dtype) whose products a SUM adds, or None."""
+  """The two 16-bit or float32 factors (of one dtype) whose products a SUM adds, or None."""
   product = reduceop.src[0].src[0] if reduceop.src[0].op is UnaryOps.CAST and reduceop.src[0].dtype == dtypes.float32 else reduceop.src[0]
   if reduceop.op is not ReduceOps.SUM or product.op is not BinaryOps.MUL: return None
   a, b = map(_widened, product.src)
-  return (a, b) if a.dtype in TC_DTYPES and a.dtype == b.dtype else None
+  return (a, b) if a.dtype in NESTED_TC_DTYPES and a.dtype == b.dtype else None
+
+def _broadcast(kernel: Kernel, node: LazyOp, axis: int) -> bool:
+  """Whether `node` has one value all along `axis`: every load and constant it reads is broadcast there (value_axes counts an
+  expanded one, a constant's above all, as spanning it)."""
+  return all(kernel.broadcast_along(kernel.bufs.index(leaf.arg), axis) for leaf in node.walk() if leaf.op in (BufferOps.LOAD, BufferOps.CONST))
+
+def mma_operands(kernel: Kernel, reduceop: LazyOp, rows: int, n: int) -> tuple[LazyOp, LazyOp] | None:
+  """(A, B) of a sum an mma computes with M along axis `rows` and N along `n`: A broadcast along N, B along the rows; or None."""
+  if (factors := mma_factors(reduceop)) is None: return None
+  return next(((a, b) for a, b in (factors, factors[::-1]) if _broadcast(kernel, a, n) and _broadcast(kernel, b, rows)), None)
 
 def nested_tensor_core(kernel: Kernel, opt: Opt) -> None:
   """TC (choice 0, amount 0) on a kernel of nested contractions: the splits of the module's docstring, the features upcast whole."""
   inner = kernel.nested_contractions()
   _check(opt.axis == 0 and opt.amount == 0, opt, "TC on a kernel of nested contractions takes axis 0 and amount 0")
-  _check(all(mma_factors(kernel.reduceops[number]) for number in inner), opt, "each nested contraction must sum products of two 16-bit inputs")
   outer = [axis for axis in kernel.axes(AxisKind.REDUCE) if not kernel.owners[axis] <= set(inner)]
   features, varying = kernel.features(), set().union(*[kernel.value_axes(kernel.reduceops[number]) for number in inner])
   rows = [axis for axis in kernel.axes(AxisKind.GLOBAL) if axis in varying and kernel.full_shape[axis] != 1]
   _check(len(outer) == 1 and len(features) <= 1 and bool(rows), opt, "it needs one outer reduce axis, rows, and one features axis or none")
+  _check(all(mma_operands(kernel, kernel.reduceops[number], rows[-1], outer[0]) for number in inner), opt,
+         "each nested contraction must sum products of two 16-bit or float32 inputs, one along the rows, one along the keys")
   own = [kernel.own_axis(number) for number in inner]
   sizes = [(rows[-1], 16), (outer[0], 16)] + [(axis, 16) for axis in own] + [(axis, 8) for axis in features]
   _check(all(isinstance(kernel.full_shape[axis], int) and kernel.full_shape[axis] % size == 0 for axis, size in sizes), opt,
          f"rows, keys and head dims must be multiples of 16 and features of 8, not {[kernel.full_shape[axis] for axis, _ in sizes]}")
   # every reduce over the keys that varies along the features is an mma, which adds the keys of all 4 quads together
-  for number in kernel.owners[outer[0]]:
-    _check(not features or features[0] not in kernel.value_axes(kernel.reduceops[number]) or mma_factors(kernel.reduceops[number]) is not None,
-           opt, "a sum over the keys along the features must be of products of two 16-bit values")
+  along = [reduceop for number in kernel.owners[outer[0]] if features and not _broadcast(kernel, reduceop := kernel.reduceops[number], features[0])]
+  _check(all(mma_operands(kernel, reduceop, rows[-1], features[0]) for reduceop in along), opt, "a sum over the keys along the features "
+         "must be of products of two 16-bit or float32 values, one along the rows, one along the features")
+  # float32 values' B fragments read along the features (no transpose): (quad, pair, tiles), each thread's n-tiles side by side
+  wide = not any(cast(tuple, mma_factors(reduceop))[0].dtype in TC_DTYPES for reduceop in along)
   # positions among each kind stay put while axes split (a split's remainder keeps its kind and place)
   row, key = kernel.axes(AxisKind.GLOBAL).index(rows[-1]), kernel.axes(AxisKind.REDUCE).index(outer[0])
   feature = [kernel.axes(AxisKind.GLOBAL).index(axis) for axis in features]
@@ -64,8 +84,9 @@ def nested_tensor_core(kernel: Kernel, opt: Opt) -> None:
   kernel.shift_to(kernel.axes(AxisKind.GLOBAL)[row], 16, AxisKind.FRAGMENT)
   kernel.shift_to(kernel.axes(AxisKind.FRAGMENT)[-1], 8, AxisKind.WARP)
   for position in feature:
-    kernel.shift_to(kernel.axes(AxisKind.GLOBAL)[position], 2, AxisKind.FRAGMENT)
+    if not wide: kernel.shift_to(kernel.axes(AxisKind.GLOBAL)[position], 2, AxisKind.FRAGMENT)
     kernel.shift_to(kernel.axes(AxisKind.GLOBAL)[position], 4, AxisKind.LANE, top=True)  # a quad's features side by side: wide loads
+    if wide: kernel.shift_to(kernel.axes(AxisKind.GLOBAL)[position], 2, AxisKind.FRAGMENT, top=True)
     if (tiles := kernel.full_shape[kernel.axes(AxisKind.GLOBAL)[position]]) > 1:
       kernel.shift_to(kernel.axes(AxisKind.GLOBAL)[position], tiles, AxisKind.UPCAST)
   kernel.shift_to(kernel.axes(AxisKind.REDUCE)[key], 2, AxisKind.UNROLL)
@@ -93,12 +114,12 @@ def mma_roles(kernel: Kernel) -> MmaRoles:
   return MmaRoles(kernel.axes(AxisKind.WARP)[0], fragments[0], key_quad, pair, half, feature_quad, fragments[1] if len(fragments) > 1 else None)
 
 def computed_by_mma(kernel: Kernel, reduceop: LazyOp) -> bool:
-  """Whether a nested TC kernel computes this reduce on tensor cores: a nested contraction, or an outer sum of 16-bit products
-  along the features (the keys of its rows summed by each mma over the quads)."""
+  """Whether a nested TC kernel computes this reduce on tensor cores: a nested contraction, or an outer sum of products that varies
+  along the features' quad (the keys of its rows summed by each mma over the quads; one that does not, each lane adds up alone)."""
   if not kernel.nested_tc or mma_factors(reduceop) is None: return False
   number, roles = kernel.reduceops.index(reduceop), mma_roles(kernel)
   if any(number in kernel.owners[axis] for axis in kernel.axes(AxisKind.TC)): return True
-  return number in kernel.owners[roles.key_quad] and roles.feature_quad is not None and roles.feature_quad in kernel.value_axes(reduceop)
+  return number in kernel.owners[roles.key_quad] and roles.feature_quad is not None and not _broadcast(kernel, reduceop, roles.feature_quad)
 
 def register_mma(lin: Linearizer, reduceop: LazyOp, scope: Scope, accs: list[UOp], keys: list[tuple[int, ...]], key_axes: list[int]) -> None:
   """Add this trip's products to the reduce's accumulators: one mma for each n-tile and step of K among the scope's lanes. Registers
@@ -106,12 +127,9 @@ def register_mma(lin: Linearizer, reduceop: LazyOp, scope: Scope, accs: list[UOp
   e = 0, 1. K is a TC axis (a nested contraction: N the keys) or the keys (N the features); the accumulators are C's, row g + 8 r,
   N 2 quad + e. Each operand's words of a trip are read by one parse, so neighbours in memory load together (16 bytes)."""
   kernel, roles = lin.kernel, mma_roles(lin.kernel)
-  def along_rows(node: LazyOp) -> bool:  # (a tracker's shape spans an axis it broadcasts along: its strides tell A from B)
-    leaves = [leaf.arg for leaf in node.walk() if leaf.op in (BufferOps.LOAD, BufferOps.CONST)]
-    return any(not kernel.broadcast_along(lin.buffer_numbers[leaf], roles.warp) for leaf in leaves)
-  a_node, b_node = sorted(cast(tuple, mma_factors(reduceop)), key=lambda node: not along_rows(node))
   number, g, quad = kernel.reduceops.index(reduceop), lin.lane // 4, lin.lane % 4
   tc = next((axis for axis in kernel.axes(AxisKind.TC) if number in kernel.owners[axis]), None)
+  a_node, b_node = cast(tuple, mma_operands(kernel, reduceop, roles.warp, roles.key_quad if tc is not None else cast(int, roles.feature_quad)))
   if tc is not None: n_quad, n_pair, covered = roles.key_quad, roles.key_pair, {roles.row_pair, roles.key_pair}
   else:
     n_quad, n_pair = cast(int, roles.feature_quad), cast(int, roles.feature_pair)
@@ -132,31 +150,37 @@ def register_mma(lin: Linearizer, reduceop: LazyOp, scope: Scope, accs: list[UOp
     place = q * (4 * size) + 4 * step + 2 * high + e
     return {tc: place % 16} | ({steps: place // 16} if steps is not None else {})
   dtype, ranges = a_node.dtype, lambda axes: itertools.product(*[range(kernel.full_shape[axis]) for axis in axes])  # noqa: E731
-  tile_values = list(ranges(n_tiles))
+  tile_values, tf32 = list(ranges(n_tiles)), dtype == dtypes.float32
+  mma_steps = size * (2 if tf32 else 1)  # TF32: each half its own step, its elements e a register each (module docstring)
   for values in ranges(rest):
     at = scope.bound | dict(zip(rest, map(NumNode, values)))
     def words(node: LazyOp, places: list[dict[int, Node]], sizes: list[int]) -> list[UOp]:  # the elements (laid out as sizes), two a word
       elements = lin.parse_at(node, [[(at | place).get(axis, NumNode(0)) for axis in range(kernel.shape_len)] for place in places], sizes, scope)
-      return [_packed(lin, dtype, elements[i], elements[i + 1]) for i in range(0, len(elements), 2)]
+      return elements if tf32 else [_packed(lin, dtype, elements[i], elements[i + 1]) for i in range(0, len(elements), 2)]
     # A: (row, step, half) words, a row's steps and halves side by side; B: (tile, step, half), or read along N and transposed
     a = words(a_node, [{roles.row_pair: NumNode(row)} | k_index(quad, NumNode(e), high, step)
                        for row in range(2) for step in range(size) for high in range(2) for e in range(2)], [2, 4 * size])
     def tile_at(tile: tuple[int, ...]) -> dict[int, Node]: return dict(zip(n_tiles, map(NumNode, tile)))
     b = words(b_node, [tile_at(tile) | {n_quad: g // 2, n_pair: g % 2} | k_index(quad, NumNode(e), high, step)
                        for tile in tile_values for step in range(size) for high in range(2) for e in range(2)], [len(tile_values), 4 * size])
-    if not all(map(_loaded, b)):  # B's elements of a register lie apart in memory (V: its keys), but neighbours along N: each
+    if not tf32 and not all(map(_loaded, b)):  # B's elements of a register lie apart in memory (V: its keys), but neighbours along N: each
       # 8 x 8 block read with K along the lanes' quarters (a row of N a quarter, two neighbours a lane) and transposed in registers
       rows = words(b_node, [tile_at(tile) | {n_pair: NumNode(e)} | k_index(g // 2, g % 2, high, step)
                             for step in range(size) for high in range(2) for tile in tile_values for e in range(2)], [2 * size, 2 * len(tile_values)])
       if all(map(_loaded, rows)):  # (step, half, tile) -> (tile, step, half)
         moved = [lin.uop(UOps.TRANSPOSE, word.dtype, (word,)) for word in rows]
         b = [moved[(step * 2 + high) * len(tile_values) + t] for t in range(len(tile_values)) for step in range(size) for high in range(2)]
+    # the mma's registers: 16-bit words of (step, high), or TF32 elements of (step and high, e): the same places either way
+    a_parts, b_parts = ([_tf32_split(lin, x) for x in a], [_tf32_split(lin, x) for x in b]) if tf32 else ([(x,) for x in a], [(x,) for x in b])
     for t, tile in enumerate(tile_values):
       corners = [at | tile_at(tile) | {roles.row_pair: NumNode(r), n_pair: NumNode(e)} for r in range(2) for e in range(2)]
       quad_accs = [accs[keys.index(tuple(cast(NumNode, corner[axis]).b for axis in key_axes))] for corner in corners]
-      for step in range(size):
-        registers = [a[row * 2 * size + step * 2 + high] for high in range(2) for row in range(2)]  # (g, low), (g + 8, low), (g, high), ...
-        lin.uop(UOps.WMMA, None, (*registers, *b[(t * size + step) * 2:][:2], *quad_accs), dtype, pure=False)
+      for step in range(mma_steps):
+        registers = [a_parts[row * 2 * mma_steps + step * 2 + high] for high in range(2) for row in range(2)]  # (g, low), (g + 8, low), ...
+        b_registers = b_parts[(t * mma_steps + step) * 2:][:2]
+        for a_part, b_part in ((1, 0), (0, 1), (0, 0)) if tf32 else ((0, 0),):  # 3xTF32: the small products first, then big x big
+          operands = [part[a_part] for part in registers] + [part[b_part] for part in b_registers]
+          lin.uop(UOps.WMMA, None, (*operands, *quad_accs), dtype, pure=False)
 
 def _packed(lin: Linearizer, dtype: DType, low: UOp, high: UOp) -> UOp:
   """Two 16-bit values as one 32-bit register: a word of the vector loaded, where they are its two halves."""
@@ -165,5 +189,14 @@ def _packed(lin: Linearizer, dtype: DType, low: UOp, high: UOp) -> UOp:
     if vector.dtype == dtype.vec(2): return vector
     return lin.uop(UOps.GEP, dtype.vec(2), (vector,), low.arg // 2)  # (a 16-bit vector is 32-bit words)
   return lin.uop(UOps.VECTORIZE, dtype.vec(2), (lin.cast(low, dtype), lin.cast(high, dtype)))
+
+def _tf32_split(lin: Linearizer, value: UOp) -> tuple[UOp, UOp]:
+  """A float32 value as two TF32 registers (module docstring): big, rounded to nearest (ties away, as cvt.rna) by adding half of
+  the 13 dropped bits' place, and small = value - big, which the mma truncates to TF32."""
+  bits = lin.uop(UOps.BITCAST, dtypes.uint32, (value,))
+  rounded = lin.alu(BinaryOps.ADD, dtypes.uint32, bits, lin.const(0x1000, dtypes.uint32))
+  big = lin.alu(BinaryOps.AND, dtypes.uint32, rounded, lin.const(0xFFFFE000, dtypes.uint32))
+  small = lin.alu(BinaryOps.SUB, dtypes.float32, value, lin.uop(UOps.BITCAST, dtypes.float32, (big,)))
+  return big, lin.uop(UOps.BITCAST, dtypes.uint32, (small,))
 
 def _loaded(word: UOp) -> bool: return word.op is UOps.LOAD or (word.op is UOps.GEP and word.src[0].op is UOps.LOAD)
