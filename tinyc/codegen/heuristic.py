@@ -117,14 +117,19 @@ def _cpu_register_tile(kernel: Kernel, inputs: list[int]) -> None:
   # instead (the linearizer packs the reduce's lanes into vectors along it)
   contiguous = [axis for axis in kernel.axes(AxisKind.GLOBAL)
                 if _strides(kernel, 0)[axis] == 1 and any(_strides(kernel, i)[axis] == 1 for i in inputs)]
+  # AVX-512 (32 vector registers; AVX2 has 16) where an input runs along the output: two vector registers of lanes along it and
+  # accumulators in half the registers, 32 x 8 lanes (elsewhere 16 lanes and 8 registers). The GPT_CPU step's weight gradients (x.T
+  # @ grad over 2048 tokens, 2-core AVX-512 guest, GFLOP/s) with 16 x 8 lanes: 512 x 128 64, 128 x 128 82, 128 x 512 70; 32 x 8: 108,
+  # 89, 95 (torch 205-270); its input gradients (grad @ w) 121-193 -> 124-214; the step 111-118 -> 104-109 ms
+  wide = bool(contiguous) and kernel.target.vector_lanes >= 16
   if not contiguous:
     strided = [i for i in inputs if _strides(kernel, i)[innermost_reduce] not in (0, 1)]
     contiguous = [axis for axis in kernel.axes(AxisKind.GLOBAL) if any(_strides(kernel, i)[axis] == 1 for i in strided)]
   # nothing to vectorize along (attention's output with its heads put back in a row: runs of the head dim along the reduce, times the
   # projection's weight): a tile of broadcast axes still reuses each load (examples/gpt.py's sampling, 64 x 96 x 96: 489 -> 68 us)
-  if _try_upcast(kernel, contiguous, (16, 8, 4, 0, 2)) is None: return _broadcast_tile(kernel, inputs)
+  if _try_upcast(kernel, contiguous, ((32,) if wide else ()) + (16, 8, 4, 0, 2)) is None: return _broadcast_tile(kernel, inputs)
   vector_loaded = [i for i in inputs if _strides(kernel, i)[-1] == 1]
-  lanes_left = min(8 * kernel.target.vector_lanes, kernel.target.max_upcast) // kernel.upcast_size  # 8 registers of accumulators
+  lanes_left = min((16 if wide else 8) * kernel.target.vector_lanes, kernel.target.max_upcast) // kernel.upcast_size  # accumulators
   amounts = tuple(range(lanes_left, 1, -1))
   if _try_upcast(kernel, _broadcast_axes(kernel, vector_loaded), amounts) is None: _try_upcast(kernel, _broadcast_axes(kernel, inputs), amounts)
 
