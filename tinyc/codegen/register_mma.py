@@ -135,12 +135,12 @@ def register_mma(lin: Linearizer, reduceop: LazyOp, scope: Scope, accs: list[UOp
     n_quad, n_pair = cast(int, roles.feature_quad), cast(int, roles.feature_pair)
     covered = {roles.row_pair, n_pair, roles.key_half, roles.key_pair}
   others = [axis for axis in scope.lane_axes if axis not in covered]
-  # the head dim's unrolled 16-steps: each a step of K (one mma each); the N side's other lanes are n-tiles
+  # the head dim's unrolled 16-steps: each a step of K (one mma each); the other lanes A is one value along are n-tiles (N), and
+  # the rest (a warp's row tiles, the keys' unrolled steps) each an A of its own
   steps = next((axis for axis in others if tc is not None and kernel.owners[axis] == kernel.owners[tc] and kernel.kinds[axis] is AxisKind.UNROLL),
                None)
   size = kernel.full_shape[steps] if steps is not None else 1
-  n_side = (lambda axis: kernel.owners[axis] == kernel.owners[roles.key_quad]) if tc is not None else (lambda axis: not kernel.owners[axis])
-  n_tiles = [axis for axis in others if axis != steps and n_side(axis)]
+  n_tiles = [axis for axis in others if axis != steps and _broadcast(kernel, a_node, axis)]
   rest = [axis for axis in others if axis != steps and axis not in n_tiles]
   def k_index(q: Node, e: Node, high: int, step: int) -> dict[int, Node]:
     """K's element of quarter q, e, of half `high` (the mma's 2 q + e + 8 high) of step `step`. A head dim is summed in any order, A
