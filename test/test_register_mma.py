@@ -139,9 +139,8 @@ def _mma_loads(uop):
 def test_float32_attention_on_tensor_cores_is_3xtf32(mask):
   """The heuristic puts float32 attention on tensor cores too, as 3xTF32 (as torch's memory-efficient kernel does): each value split
   into a TF32 part and the TF32 of what remains, and big x big + big x small + small x big added by three mma m16n8k8 a step of 8
-  (two a 16-bit step), so the products keep about 21 of float32's 24 bits; each warp computes two 16-row tiles, which share each
-  loaded and split B fragment. B's fragments of the values (strided along the keys) are read 16 bytes a load too: a thread's
-  features of the n-tiles lie side by side (the features split quad, pair, tiles)."""
+  (two a 16-bit step), so the products keep about 21 of float32's 24 bits. B's fragments of the values (strided along the keys) are
+  read 16 bytes a load too: a thread's features of the n-tiles lie side by side (the features split quad, pair, tiles)."""
   try:
     from tinyc.runtime.nvrtc import compile_cuda, load_nvrtc
     load_nvrtc()
@@ -150,8 +149,8 @@ def test_float32_attention_on_tensor_cores_is_3xtf32(mask):
     assert hand_coded_optimizations(kernel)[0] == Opt(OptOps.TC, 0, 0)
     kernel.limit_global_dims(3)
     uops = Linearizer(kernel, threads=True).linearize()
-    # the 16-bit plan's mmas (above) for each of a warp's two 16-row tiles, each in two TF32 steps of three mmas
-    assert sum(uop.op is UOps.WMMA for uop in uops) == [16, 24, 32][number] * 2 * 2 * 3 and not any(uop.op is UOps.TRANSPOSE for uop in uops)
+    # the 16-bit plan's mmas (above), each in two TF32 steps of three mmas
+    assert sum(uop.op is UOps.WMMA for uop in uops) == [16, 24, 32][number] * 2 * 3 and not any(uop.op is UOps.TRANSPOSE for uop in uops)
     read = [load for uop in uops if uop.op is UOps.WMMA for src in uop.src[:6] for load in _mma_loads(src)]
     assert read and {load.dtype.itemsize for load in read} == {16}
     ptx = compile_cuda(kernel.name, render_cuda(kernel.name, uops), "sm_90", "ptx").decode()
@@ -160,7 +159,7 @@ def test_float32_attention_on_tensor_cores_is_3xtf32(mask):
 def test_each_16_row_tile_of_a_warp_multiplies_its_own_probabilities():
   """Two 16-row tiles a warp (rows upcast by 2): the values' mma of each tile takes that tile's probabilities as A. The bug: the row
   tiles counted among the n-tiles of the features (an axis no reduce owns), so A was parsed once, at tile 0, for both (a plan BEAM
-  reaches; float32's heuristic takes it)."""
+  reaches)."""
   kernel = sdpa_kernels(dtypes.bfloat16)[0]
   for opt in (Opt(OptOps.TC, 0, 0), Opt(OptOps.UPCAST, 1, 2)): kernel.apply_opt(opt)
   kernel.limit_global_dims(3)

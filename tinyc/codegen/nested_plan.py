@@ -148,18 +148,13 @@ def lanes_plan(kernel: Kernel, lanes: int = 0, queries: int = 0, groups: int = N
 # and 0.8% at 2048. Not measured again since operands load 16 bytes
 NESTED_TC_WARPS = 1
 NESTED_TC_KEYS = 1
-# 16-row tiles a warp computes of a float32 (3xTF32) nested kernel: each B fragment (a key's row, a value's features), loaded and split
-# in two, serves both. H200 causal float32 SDPA forward + backward, ms, 1 -> 2: 8x16x2048x64 7.45 -> 6.34, 8x6x512x64 0.355 -> 0.350
-# (2026-11-30, one run each; with 2 key steps a trip 7.28 -> 6.86 and 0.359 -> 0.384)
-NESTED_TC_ROW_TILES_TF32 = 2
 
-def tensor_core_plan(kernel: Kernel, warps: int = NESTED_TC_WARPS, keys: int = NESTED_TC_KEYS, row_tiles: int = 0) -> bool:
+def tensor_core_plan(kernel: Kernel, warps: int = NESTED_TC_WARPS, keys: int = NESTED_TC_KEYS) -> bool:
   """A nested kernel of 16-bit or float32 (3xTF32) contractions on tensor cores (TC, register_mma.py): the head dims unrolled whole,
-  so each warp loads its rows' A fragments once, before the loop over the keys, `keys` steps of 16 keys a trip, `warps` warps a
-  work-group along the rows (or 2 where they do not divide them), each `row_tiles` tiles of 16 rows (0: NESTED_TC_ROW_TILES_TF32
-  for float32, else 1)."""
-  sixteen_bit = any(buf.dtype.itemsize == 2 for buf in kernel.bufs[kernel.n_outputs:] if isinstance(buf, MemBuffer))
-  row_tiles = row_tiles or (1 if sixteen_bit else NESTED_TC_ROW_TILES_TF32)
+  so each warp loads its rows' A fragments once, before the loop over the keys, `keys` steps of 16 keys a trip, and `warps` warps a
+  work-group along the rows (or 2 where they do not divide them). Float32 as 16 bits: 2 and 4 warps, 2 key steps and two 16-row
+  tiles a warp ran within 5% of it or slower (H200 causal SDPA forward + backward 8x16x2048x64: 7.45 ms; 7.10-7.33 with 2-4
+  warps or 2 steps, 10.0 with two row tiles; 8x6x512x64 0.355-0.384 all)."""
   if not try_opt(kernel, Opt(OptOps.TC, 0, 0)): return False
   inner = set(kernel.nested_contractions())
   for index in reversed(range(len(kernel.axes(AxisKind.REDUCE)))):
@@ -168,8 +163,6 @@ def tensor_core_plan(kernel: Kernel, warps: int = NESTED_TC_WARPS, keys: int = N
   varying = set().union(*[kernel.value_axes(kernel.reduceops[number]) for number in inner])
   rows = [index for index, axis in enumerate(kernel.axes(AxisKind.GLOBAL)) if axis in varying and kernel.full_shape[axis] > 1]
   if rows and warps > 1: next((amount for amount in (warps, 2) if try_opt(kernel, Opt(OptOps.LOCAL, rows[-1], amount))), None)
-  rows = [index for index, axis in enumerate(kernel.axes(AxisKind.GLOBAL)) if axis in varying and kernel.full_shape[axis] > 1]
-  if rows and row_tiles > 1: try_opt(kernel, Opt(OptOps.UPCAST, rows[-1], row_tiles))
   return True
 
 def upcast_whole(kernel: Kernel, axis: int) -> bool:
