@@ -311,16 +311,27 @@ def _visit(base: LazyBuffer, position: dict[LazyBuffer, int], entries: list[tupl
 def _schedule(targets: list[LazyBuffer]) -> list[ScheduleItem]:
   consumers = _count_consumers(targets)
   realizes = set(targets) | {base for base in consumers if isinstance(base.op, LoadOps) and base.op is not _CONST} | wide_values(targets, consumers)
-  no_store: set[LazyBuffer] = set()
+  no_store, dropped, graph_level = set[LazyBuffer](), set[LazyBuffer](), set(realizes)
   targets.sort(key=lambda target: consumers[target] > 0)  # readers first: a target read by another is stored by its reader (rule 8)
   while True:
     while (scheduler := Scheduler(targets, consumers, realizes, no_store)).stale: pass
+    # stored by a pass's decision for a kernel that a later pass made again reading something else (a value it had recomputed, now
+    # stored: an MLP's gelu derivative, where the first kernel stored its terms): scheduled again without them, once each
+    if unread := _unread_stores(scheduler.items, realizes - graph_level) - dropped:
+      realizes -= unread
+      dropped |= unread
+      continue
     if not (crossed := _reduces_of_crossed_assigns(scheduler.items)): break
     assert not crossed <= no_store, f"assigns that read each other's targets: {crossed}"
     no_store.update(crossed)
   items = merge_kernels(scheduler.items) if len(scheduler.items) > 1 else scheduler.items
   if any(out.op is LoadOps.ASSIGN for item in items for out in item.outs): items = ordered(items)
   return items
+
+def _unread_stores(items: list[ScheduleItem], stored: set[LazyBuffer]) -> set[LazyBuffer]:
+  """The bases of `stored` that the items store but none reads (load ops aside: they are their own items)."""
+  read = {base for item in items for base in item.inputs}
+  return {out for item in items if not isinstance(item.ast.op, LoadOps) for out in item.outs if out in stored and out not in read}
 
 def _reduces_of_crossed_assigns(items: list[ScheduleItem]) -> set[LazyBuffer]:
   """Rule 6 across kernels: two kernels that assign (an optimizer's updates) may each read the other's target, through a gradient each
