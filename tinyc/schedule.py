@@ -318,8 +318,7 @@ def _schedule(targets: list[LazyBuffer]) -> list[ScheduleItem]:
     # stored by a pass's decision for a kernel that a later pass made again reading something else (a value it had recomputed, now
     # stored: an MLP's gelu derivative, where the first kernel stored its terms): scheduled again without them, once each
     if unread := _unread_stores(scheduler.items, realizes - graph_level) - dropped:
-      realizes -= unread
-      dropped |= unread
+      realizes, dropped = realizes - unread, dropped | unread
       continue
     if not (crossed := _reduces_of_crossed_assigns(scheduler.items)): break
     assert not crossed <= no_store, f"assigns that read each other's targets: {crossed}"

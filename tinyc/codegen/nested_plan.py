@@ -40,6 +40,12 @@ NESTED_ROW = 128
 # dk (4 rows in registers: 0.44 -> 1.5), nor 4 threads a pair or a quad (slower)
 NESTED_PAIR = 64
 
+# products of a key's scores (rows a thread x a head dim) below which a CPU nested kernel also upcasts an outer row axis (heads, batch)
+# by 2: more independent chains of exp, max and rescaling a key. Causal SDPA forward + backward on a 2-core AVX-512 guest, ms
+# (alternating runs): 8x4x256x32 (4 queries x 32) 20.7-21.0 -> 16.1-16.4, 4x6x197x40 (197 queries take no upcast: 1 x 40) 29.4 ->
+# 11.1; not at 4 x 64 (2x4x256x64 6.1 against 6.2, 1x2x512x64 5.8 against 6.0)
+NESTED_CPU_PRODUCTS = 256
+
 def nested_plan(kernel: Kernel) -> bool:
   """A kernel with reduces nested in another's loop with loops of their own (schedule rule 10: attention's scores q.k, the backward's
   dO.v, an MLP's hidden layer) gets a plan of its own, and returns whether it did (the other plans were made for one reduce):
@@ -49,7 +55,8 @@ def nested_plan(kernel: Kernel) -> bool:
   - the last axis they do vary along (the queries) upcast by 4 on a CPU, so each key's loads serve 4 queries (causal SDPA
     1x2x128x64 backward kernels 1.1 -> 0.53 ms); by 8 where no features were upcast (the log-sum-exp): causal 8x4x256x32 on a 2-core
     AVX2 guest 3.3 -> 2.5 ms alone (interleaved), 64-92 -> 55-64 ms over the CPU GPT bench's profiled steps (the output and dv by 8 ran
-    16-21% faster alone but no faster in the GPT's steps; dq and dk no faster alone);
+    16-21% faster alone but no faster in the GPT's steps; dq and dk no faster alone); and an outer row axis by 2 where those queries
+    times a head dim are few products (NESTED_CPU_PRODUCTS);
   - on a GPU, the nested reduces' own axes (the head dim) unrolled by NESTED_UNROLL lanes in all, so they read 16-byte
     vectors (a bf16 score read one 2-byte element a load from a row per thread: 10x slower than float32), or whole (NESTED_ROW);
     float32 features split between 2 threads that share a pair of queries (NESTED_PAIR); the queries split across
@@ -70,7 +77,9 @@ def nested_plan(kernel: Kernel) -> bool:
   if not paired and not all([upcast_whole(kernel, axis) for axis in reversed(shared)]): return False  # (the last first: numbers stay)
   def rows() -> list[int]: return [axis for axis in kernel.axes(AxisKind.GLOBAL) if kernel.full_shape[axis] > 1]
   if not kernel.target.has_local:
+    before = kernel.upcast_size
     try_upcast(kernel, rows()[-1:], (4, 2) if kernel.upcast_size > 1 else (8, 4, 2))
+    if kernel.upcast_size // before * max(rows_of) < NESTED_CPU_PRODUCTS: try_upcast(kernel, rows()[:-1], (2,))
     return True
   whole = max(rows_of) <= NESTED_ROW and (sixteen_bit or paired or max(rows_of) > 8 * NESTED_UNROLL)
   amounts = [0] if whole else [amount for amount in (8, 4, 2) if amount * len(own) <= NESTED_UNROLL] or [2]
