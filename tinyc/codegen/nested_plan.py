@@ -42,8 +42,8 @@ NESTED_PAIR = 64
 
 # products of a key's scores (rows a thread x a head dim) below which a CPU nested kernel also upcasts an outer row axis (heads, batch)
 # by 2: more independent chains of exp, max and rescaling a key. Causal SDPA forward + backward on a 2-core AVX-512 guest, ms
-# (alternating runs): 8x4x256x32 (4 queries x 32) 20.7-21.0 -> 16.1-16.4, 4x6x197x40 (197 queries take no upcast: 1 x 40) 29.4 ->
-# 11.1; not at 4 x 64 (2x4x256x64 6.1 against 6.2, 1x2x512x64 5.8 against 6.0)
+# (fresh caches): 8x4x256x32 (4 queries x 32) 20.7-21.0 -> 16.7-17.5, 4x6x197x40 (197 queries take no upcast: 1 x 40) 29.4 ->
+# 11.4; not at 4 x 64 (2x4x256x64 6.1 against 6.2, 1x2x512x64 5.8 against 6.0)
 NESTED_CPU_PRODUCTS = 256
 
 def nested_plan(kernel: Kernel) -> bool:
