@@ -430,6 +430,24 @@ def test_a_gpu_splits_the_long_reduce_of_a_weight_gradient(device):
   (a, g), (ta, tg) = realized_inputs((2048, 64), (2048, 256))
   np.testing.assert_allclose((ta.to(device).T @ tg.to(device)).numpy(), a.T @ g, rtol=1e-4, atol=1e-3)
 
+@pytest.mark.one_device
+def test_split_k_splits_the_batch_so_each_part_reduces_one_run_of_tokens():
+  """A linear layer's weight gradient over (batch 8, tokens 512) splits the batch, the outermost reduced dim: each part's kernel
+  reduces its batches' tokens in one loop (a split of the 512 tokens left two reduce loops, 8 batches around 128 tokens, and ran
+  0.77-0.89x the speed on the H200). The gradient against numpy."""
+  if not Device.usable("GPU"): pytest.skip("GPU is not usable here")
+  x, grad = (Tensor.empty(8, 512, width, device="GPU") for width in (384, 1536))
+  w = Tensor.empty(1536, 384, device="GPU", requires_grad=True)
+  ((x @ w.T) * grad).sum().backward()
+  partial = kernel_items(w.grad)[0]
+  kernel = Kernel(partial.ast, Device["GPU"].target)
+  reduced = [size for size, kind in zip(kernel.full_shape, kernel.kinds) if kind.name == "REDUCE"]
+  assert partial.outs[0].shape[0] > 1 and reduced == [8 // partial.outs[0].shape[0] * 512], (partial.outs[0].shape, kernel.full_shape)
+  (a, g), (ta, tg) = realized_inputs((2, 512, 64), (2, 512, 32))
+  tw = Tensor.zeros(32, 64, device="GPU", requires_grad=True)
+  ((ta.to("GPU") @ tw.T) * tg.to("GPU")).sum().backward()
+  np.testing.assert_allclose(tw.grad.numpy(), np.einsum("bti,bto->oi", a, g), rtol=1e-4, atol=1e-3)
+
 def test_a_gpu_splits_a_weight_gradient_that_reads_a_stored_matmul():
   """Split-K leaves alone a sum of products whose operand reads a contraction short enough to nest in its kernel (rule 10: attention's
   probabilities); one that reads a longer contraction, stored by a kernel of its own (an MLP's hidden layer over 256 inputs), splits."""

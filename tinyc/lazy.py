@@ -95,9 +95,14 @@ class LazyBuffer:
       return None
     per_output = prod(self.shape[a] for a in axis)
     if per_output < 2 * SPLIT_K_MIN or not SPLIT_K_MIN_OUTPUTS <= (outputs := prod(self.shape) // per_output) < SPLIT_K_OUTPUTS: return None
+    def fits(dim: int) -> list[int]:
+      return [d for d in range(2, self.shape[dim] + 1) if self.shape[dim] % d == 0 and per_output // d >= SPLIT_K_MIN]
+    # the outermost reduced dim where it makes enough parts: what is left of each part reduces in one run (a weight gradient over
+    # (batch, tokens) splits the batch, each part's tokens one loop); else the longest, in as many parts as make enough or fit
+    outer = min(a for a in axis if self.shape[a] > 1)
+    if (parts := next((d for d in fits(outer) if outputs * d >= SPLIT_K_OUTPUTS), None)) is not None: return outer, parts
     dim = max(axis, key=lambda a: self.shape[a])
-    fits = [d for d in range(2, self.shape[dim] + 1) if self.shape[dim] % d == 0 and per_output // d >= SPLIT_K_MIN]
-    return (dim, next((d for d in fits if outputs * d >= SPLIT_K_OUTPUTS), fits[-1])) if fits else None
+    return (dim, next((d for d in fits(dim) if outputs * d >= SPLIT_K_OUTPUTS), fits(dim)[-1])) if fits(dim) else None
 
   def contiguous(self) -> LazyBuffer:
     """This value in its own contiguous memory: a plain base that is stored anyway (a realized buffer, a load op) is itself; any other
