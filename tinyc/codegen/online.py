@@ -14,6 +14,7 @@ from tinyc.codegen.uops import UOp, UOps
 from tinyc.codegen.axes import AxisKind
 from tinyc.codegen.thread_reduce import group_reduce, lane_reduce
 from tinyc.codegen.register_mma import computed_by_mma, register_mma
+from tinyc.codegen.packing import pack, packed_axis
 if TYPE_CHECKING:
   from tinyc.codegen.kernel import Kernel
   from tinyc.codegen.linearizer import Linearizer, Scope
@@ -120,18 +121,31 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, grouped: li
   kernel, members = lin.kernel, (group.peak, *group.sums)
   key_axes = {reduce: [axis for axis in outer.lane_axes if axis in lin.value_axes(reduce)] for reduce in members}
   keys = {reduce: list(itertools.product(*[range(kernel.full_shape[axis]) for axis in key_axes[reduce]])) for reduce in members}
-  accs = {reduce: lin.define_accs(reduce, len(keys[reduce])) for reduce in members}
+  # on a CPU a sum's lanes of one key axis (the values' features) share a vector accumulator, as a plain reduce's (packing.py)
+  # (an axis of the values alone: each row's rescaling multiplies the whole vector)
+  packed = {reduce: None if lin.threads or computed_by_mma(kernel, reduce) else
+            packed_axis(kernel, reduce, [axis for axis in key_axes[reduce] if axis not in key_axes[group.peak]]) for reduce in group.sums}
+  acc_axes = {reduce: [axis for axis in key_axes[reduce] if axis != packed.get(reduce)] for reduce in members}
+  acc_keys = {reduce: list(itertools.product(*[range(kernel.full_shape[axis]) for axis in acc_axes[reduce]])) for reduce in members}
+  accs = {reduce: lin.define_accs(reduce, len(acc_keys[reduce]), kernel.full_shape[axis] if (axis := packed.get(reduce)) is not None else 1)
+          for reduce in members}
   bound = outer.bound | {axis: lin.thread_idxs[axis] for axis in grouped}
   scope = type(outer)(bound, sorted(set(unrolled).union(*key_axes.values())), dict(outer.reduced))
   loops = lin.walk_loops(looped, group.peak.src[0], scope, members)
   dtype = group.peak.dtype
   def this_trip(reduce: LazyOp, op: BinaryOps) -> dict[tuple[int, ...], UOp]:
-    """The reduce's input this trip, its unrolled lanes folded by `op` into one value per key (its own lanes, not every member's)."""
-    lanes = lin.lanes(type(scope)(scope.bound, sorted(key_axes[reduce] + unrolled), scope.reduced))
-    folded: dict[tuple[int, ...], UOp] = {}
+    """The reduce's input this trip, its unrolled lanes folded by `op` into one value per accumulator (its own lanes, not every
+    member's): a vector of the packed axis's lanes where it has one."""
+    lane_axes, along = sorted(key_axes[reduce] + unrolled), packed.get(reduce)
+    lanes = lin.lanes(type(scope)(scope.bound, lane_axes, scope.reduced))
+    if along is not None: lanes = lanes._replace(packed=lane_axes.index(along))
+    steps: dict[tuple[int, ...], list[UOp]] = {}  # each accumulator's and unrolled lane's values, in the packed axis's order
     for idxs, value in zip(lanes.idxs, lin.parse(reduce.src[0], lanes, scope)):
-      key = tuple(cast(NumNode, idxs[axis]).b for axis in key_axes[reduce])
-      folded[key] = lin.alu(op, reduce.dtype, folded[key], value) if key in folded else value
+      steps.setdefault(tuple(cast(NumNode, idxs[axis]).b for axis in lane_axes if axis != along), []).append(value)
+    folded: dict[tuple[int, ...], UOp] = {}
+    for step, values in steps.items():
+      key, value = tuple(step[[a for a in lane_axes if a != along].index(axis)] for axis in acc_axes[reduce]), pack(lin.uop, values)
+      folded[key] = lin.alu(op, cast(DType, value.dtype), folded[key], value) if key in folded else value
     return folded
   trip_max = this_trip(group.peak, BinaryOps.MAX)
   quads = [axis for axis in kernel.axes(AxisKind.LANE) if kernel.reduceops.index(group.peak) in kernel.owners[axis]]
@@ -141,9 +155,12 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, grouped: li
   def usable(peak: UOp) -> UOp: return lin.alu(TernaryOps.WHERE, dtype, lin.alu(BinaryOps.CMPEQ, dtypes.bool, peak, minus_inf), zero, peak)
   def rescaled(value: UOp, peak: UOp, new_peak: UOp, scale: float) -> UOp:  # value * exp2((peak - new_peak) * scale), in value's dtype
     kind = cast(DType, value.dtype)
-    shift = lin.alu(BinaryOps.MUL, kind, lin.cast(lin.alu(BinaryOps.SUB, dtype, peak, new_peak), kind), lin.const(scale, kind))
-    return lin.alu(BinaryOps.MUL, kind, value, lin.alu(UnaryOps.EXP2, kind, shift))
-  def peak_key(reduce: LazyOp, key: tuple[int, ...]) -> tuple[int, ...]: return tuple(key[key_axes[reduce].index(a)] for a in key_axes[group.peak])
+    one = kind.scalar()  # (a packed sum's rows multiply their whole vector by one factor)
+    shift = lin.alu(BinaryOps.MUL, one, lin.cast(lin.alu(BinaryOps.SUB, dtype, peak, new_peak), one), lin.const(scale, one))
+    factor = lin.alu(UnaryOps.EXP2, one, shift)
+    return lin.alu(BinaryOps.MUL, kind, value, pack(lin.uop, [factor] * kind.count))
+  def peak_key(reduce: LazyOp, key: tuple[int, ...], axes: list[int] | None = None) -> tuple[int, ...]:  # the key's row's max
+    return tuple(key[(key_axes[reduce] if axes is None else axes).index(a)] for a in key_axes[group.peak])
   old = {key: lin.uop(UOps.LOAD, dtype, (acc,), pure=False) for key, acc in zip(keys[group.peak], accs[group.peak])}
   new = {key: lin.alu(BinaryOps.MAX, dtype, old[key], trip_max[key]) for key in keys[group.peak]}
   safe = {key: usable(peak) for key, peak in new.items()}
@@ -152,15 +169,20 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, grouped: li
   for reduce, scale in zip(group.sums, group.scales):
     by_mma = computed_by_mma(kernel, reduce)
     added = {} if by_mma else this_trip(reduce, BinaryOps.ADD)
-    for key, acc in zip(keys[reduce], accs[reduce]):
-      kept = rescaled(lin.uop(UOps.LOAD, reduce.dtype, (acc,), pure=False), old[peak_key(reduce, key)], safe[peak_key(reduce, key)], scale)
-      lin.uop(UOps.STORE, None, (acc, kept if by_mma else lin.alu(BinaryOps.ADD, reduce.dtype, kept, added[key])), pure=False)
+    for key, acc in zip(acc_keys[reduce], accs[reduce]):
+      row = peak_key(reduce, key, acc_axes[reduce])
+      kept = rescaled(lin.uop(UOps.LOAD, acc.dtype, (acc,), pure=False), old[row], safe[row], scale)
+      lin.uop(UOps.STORE, None, (acc, kept if by_mma else lin.alu(BinaryOps.ADD, cast(DType, acc.dtype), kept, added[key])), pure=False)
     if by_mma: register_mma(lin, reduce, type(scope)(scope.bound, sorted(key_axes[reduce] + unrolled), scope.reduced), accs[reduce],
                             keys[reduce], key_axes[reduce])
   # the new max is stored last: C renderers name an accumulator's value by the accumulator, so every read of the old one comes first
   for key, acc in zip(keys[group.peak], accs[group.peak]): lin.uop(UOps.STORE, None, (acc, new[key]), pure=False)
   for loop in reversed(loops): lin.end(loop)
-  results = {reduce: [lin.uop(UOps.LOAD, reduce.dtype, (acc,), pure=False) for acc in accs[reduce]] for reduce in members}
+  results = {reduce: [lin.uop(UOps.LOAD, acc.dtype, (acc,), pure=False) for acc in accs[reduce]] for reduce in members}
+  for reduce, along in packed.items():  # each key's lane of its accumulator
+    if along is not None:
+      results[reduce] = [lin.uop(UOps.GEP, reduce.dtype, (results[reduce][acc_keys[reduce].index(tuple(key[key_axes[reduce].index(axis)]
+                         for axis in acc_axes[reduce]))],), key[key_axes[reduce].index(along)]) for key in keys[reduce]]
   for reduce in group.sums if quads else ():  # each lane's keys' sums meet (by shuffles), but an mma's, which added all of them
     if not computed_by_mma(kernel, reduce): results[reduce] = [lane_reduce(lin, ReduceOps.SUM, value) for value in results[reduce]]
   if grouped:

@@ -2,11 +2,12 @@
 codegen/uops, codegen/kernel. Left to LLVM's SLP vectorizer, which packs lanes by the stores they reach, a register tile stored
 across the axis its loads are contiguous along (a.T @ b.T: 16 rows of a.T x 8 stored columns) became scalar multiplies, 0.08x numpy."""
 from __future__ import annotations
-from typing import Any, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 from tinyc.dtype import INTS, DType, dtypes
 from tinyc.ops import BinaryOps, BufferOps, LazyOp
 from tinyc.codegen.uops import PYTHON_ALU, UOp, UOps
-from tinyc.codegen.kernel import Kernel
+if TYPE_CHECKING:
+  from tinyc.codegen.kernel import Kernel
 
 # what becomes vector ops: not 16-bit floats (float64 -> float16 has no one instruction), nor integer division (its guards are scalar)
 PACKED_DTYPES = {dtypes.bool, dtypes.float32, dtypes.float64, *INTS}
