@@ -278,6 +278,12 @@ def _render_llvm(function_name: str, uops: list[UOp]) -> str:
         pointer = builder.gep(src[0], [index], source_etype=memory_type(dtype))
         loaded = _from_memory(builder, builder.load(pointer, typ=memory_type(dtype)), dtype)
         values[uop] = builder.select(src[2], loaded, _constant(0, dtype)) if len(src) == 3 else loaded
+    elif uop.op is UOps.PREFETCH:  # llvm.prefetch(address, read, locality 3 (keep in every cache), data)
+      int32 = ir.IntType(32)
+      prefetch = module.globals.get("llvm.prefetch.p0") or ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()] + [int32] * 3),
+                                                                       name="llvm.prefetch.p0")
+      address = builder.gep(src[0], [src[1]], source_etype=memory_type(_dtype_of(uop.src[0])))
+      builder.call(prefetch, [address] + [ir.Constant(int32, n) for n in (0, 3, 1)])
     elif uop.op is UOps.STORE:
       if uop.src[0].op is UOps.DEFINE_ACC: builder.store(src[1], src[0])
       else:

@@ -38,6 +38,7 @@ class UOps(Enum):
   SHUFFLE = auto()        # src: (value,); arg: (offset, lanes): the value of the lane whose place among `lanes` neighbours is this one's ^ offset
   TRANSPOSE = auto()      # src: (register,): of the 8 x 8 16-bit matrix a warp's registers hold (a row a lane quarter, two columns a
                           # lane), this lane's register of its transpose (movmatrix.trans)
+  PREFETCH = auto()       # src: (buffer, index): a hint (CPUs) that the element is read soon; it moves no value and never faults
   WARPGROUP_SYNC = auto() # arg: "fence" (registers ready for wgmma), "commit" (the wgmmas since are a group), "wait N" (at most N
                           # groups still running) or "proxy" (local memory stored by threads is seen by wgmma)
 
