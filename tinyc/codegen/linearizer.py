@@ -11,13 +11,13 @@ from typing import Any, Callable, NamedTuple, cast
 from tinyc.dtype import DType, dtypes
 from tinyc.helpers import DEBUG, prod
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, Op, ReduceOps, TernaryOps, UnaryOps, const_key
-from tinyc.shape.shapetracker import ShapeTracker, flatten_node
+from tinyc.shape.shapetracker import flatten_node
 from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, simplify_given_valid, sint, sym_max
 from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel
 from tinyc.codegen.uops import (PACKED_16_BIT, PYTHON_ALU, VECTOR_WIDTH, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind,
                                UOp, UOps, cast_python_value, without_unused)
 from tinyc.codegen.tiles import Tile, define_tile, enter_trip, leave_trip, load_tiles, mma, start_tile_copies, store_tiles, wgmma
-from tinyc.codegen.packing import LOADED_DTYPES, pack, packed_axis
+from tinyc.codegen.packing import LOADED_DTYPES, pack, packed_axis, prefetch
 from tinyc.codegen.online import online_groups, online_reduce, siblings
 from tinyc.codegen.bounds import identity_masks, loop_range
 from tinyc.codegen.thread_reduce import group_reduce, lane_reduce
@@ -25,10 +25,6 @@ from tinyc.codegen.register_mma import computed_by_mma, register_mma
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
 IDENTITY = {BinaryOps.ADD: 0, BinaryOps.MUL: 1}
-# a CPU load that moves this many bytes or more a trip of its reduce loop is prefetched this many trips ahead (Linearizer.prefetch).
-# x.T @ grad of 2048 tokens into 128 x 512 on this 2-core AVX-512 guest: its grad rows 2 KB apart, 2.40-2.61 -> 1.82-1.98 ms (8 trips;
-# 4: 2.14, 16: 1.88-1.98, 32: 2.44); x's rows 512 B apart gained nothing prefetched (the hardware follows them within a page)
-PREFETCH_BYTES, PREFETCH_TRIPS = 1024, 8
 Address = tuple[Node, Node]  # where a lane reads or writes memory: (index, validity)
 
 @dataclass
@@ -208,7 +204,7 @@ class Linearizer:
         return self.read(tile.memory, lanes.sizes, [(tile.index(idxs, scope.tile_stage), NumNode(1)) for idxs in lanes.idxs], buf.dtype)
       addresses = [st.expr_idxs(idxs) for idxs in lanes.idxs]
       def read() -> list[UOp]: return self.read(self.globals[buf.idx], lanes.sizes, addresses, buf.dtype, lanes.packed)
-      if not self.threads: self.prefetch(self.globals[buf.idx], st, addresses, buf.dtype.itemsize)
+      if not self.threads: prefetch(self, self.globals[buf.idx], st, addresses, buf.dtype.itemsize)
       if (loop := self.invariant_loop(buf, addresses)) is not None: return self.before(loop, read)
       return read()
     if node.op in ReduceOps:
@@ -223,19 +219,6 @@ class Linearizer:
   def parse_at(self, node: LazyOp, idxs: list[list[Node]], sizes: list[int], scope: Scope) -> list[UOp]:
     """The values of `node` at lanes given by their indices (laid out as `sizes`): a tensor core's fragments (register_mma.py)."""
     return self.parse(node, Lanes(idxs, sizes), scope)
-
-  def prefetch(self, memory: UOp, st: ShapeTracker, addresses: list[Address], itemsize: int) -> None:
-    """On a CPU, where a load in a reduce's innermost loop moves PREFETCH_BYTES or more a trip, ask for each of its cache lines
-    PREFETCH_TRIPS trips ahead: the hardware's prefetchers stop at a page's end, which rows 2 KB apart cross every other trip."""
-    if not self._open_loops or not (loop := self._open_loops[-1]).arg.name.startswith("ridx"): return
-    stride = st.real_strides()[int(loop.arg.name[4:].rstrip("_"))]
-    if not isinstance(stride, int) or abs(stride) * itemsize < PREFETCH_BYTES: return
-    lines: set[Any] = set()
-    for index, valid in addresses:
-      offset = index - addresses[0][0]
-      if valid.max == 0 or (line := offset.b * itemsize // 64 if isinstance(offset, NumNode) else index) in lines: continue
-      lines.add(line)
-      self.uop(UOps.PREFETCH, None, (memory, self.index(index + PREFETCH_TRIPS * stride)), pure=False)
 
   def invariant_loop(self, buf: MemBuffer, addresses: list[Address]) -> UOp | None:
     """On a GPU, the outermost of the reduce loops around here whose trips, and those of every loop inside it, all read an input's
