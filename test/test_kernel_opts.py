@@ -594,13 +594,31 @@ def test_blocked_matmuls_match_numpy(monkeypatch):
   np.testing.assert_allclose(run_with_opts(ta @ tb, opts), a @ b, rtol=1e-4, atol=1e-4)
 
 @pytest.mark.parametrize("vector_lanes, tile", [(8, 8), (16, 16)])
-def test_heuristic_on_a_cpu_tiles_two_different_axes_when_llvm_vectorizes_the_reduce(vector_lanes, tile):
-  """Every input contiguous along the reduce: LLVM vectorizes it, and the heuristic tiles rows and columns, each lane a vector
-  accumulator: half the vector registers, 4 x 2 with AVX2's 16 (4 x 4 spilled: a linear layer's forward 2048 x 512 x 128 ran at 62
-  GFLOP/s, 103 so), 4 x 4 with AVX-512's 32."""
+def test_heuristic_on_a_cpu_tiles_two_different_axes_when_the_reduce_is_contiguous(vector_lanes, tile):
+  """Every input contiguous along the reduce: the heuristic tiles rows and columns, each lane a vector accumulator: half the vector
+  registers, 4 x 2 with AVX2's 16 (4 x 4 spilled: a linear layer's forward 2048 x 512 x 128 ran at 62 GFLOP/s, 103 so), 4 x 4 with
+  AVX-512's 32; and unrolls the reduce by a vector register's lanes, which the accumulators hold as partial sums (packing.horizontal
+  adds them up together)."""
   a, b = layouts(64)["NT"]
   kernel, ops = heuristic(a @ b, KernelTarget(vector_lanes=vector_lanes))
-  assert ops == [OptOps.UPCAST, OptOps.UPCAST] and kernel.full_shape[:2] == (64 * 4 // tile, 16) and kernel.size_of(U) == tile, kernel.full_shape
+  assert ops == [OptOps.UPCAST, OptOps.UPCAST, OptOps.UNROLL] and kernel.full_shape[:2] == (64 * 4 // tile, 16), kernel.full_shape
+  assert kernel.size_of(U) == tile and kernel.applied_opts[-1].amount == vector_lanes
+
+@pytest.mark.one_device
+@pytest.mark.parametrize("opts", [[Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 16)],
+                                  [Opt(OptOps.UPCAST, 1, 3), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UNROLL, 0, 8)],
+                                  [Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UNROLL, 0, 4)],
+                                  [Opt(OptOps.UNROLL, 0, 16)]])
+def test_a_cpu_adds_up_vector_partial_sums_of_many_accumulators_together(opts, tinyc_device):
+  """A CPU reduce whose unrolled lanes an input is contiguous along keeps a vector of partial sums an accumulator (no key axis to pack)
+  and adds them up after the loop for all accumulators at once (packing.horizontal: pairs of vectors, then halves); 6 accumulators of
+  8 lanes, 32 of 4 and one of 16 as well as 16 of 16. Against numpy, a @ b.T with 48 rows and columns over 64."""
+  (a, ta), (b, tb) = realized(48, 64, seed=11), realized(48, 64, seed=12)
+  kernel = Kernel(the_ast(ta @ tb.T), KernelTarget(vector_lanes=16))
+  for opt in opts: kernel.apply_opt(opt)
+  uops = Linearizer(kernel).linearize()
+  assert {uop.dtype.count for uop in uops if uop.op is UOps.DEFINE_ACC} == {opts[-1].amount}
+  np.testing.assert_allclose(run_with_opts(ta @ tb.T, opts), a @ b.T, rtol=1e-4, atol=1e-4)
 
 @pytest.mark.parametrize("vector_lanes, lanes", [(16, (8, 32)), (8, (4, 16))])
 def test_heuristic_on_a_cpu_tiles_a_weight_gradient_in_half_the_vector_registers(vector_lanes, lanes, tinyc_device):

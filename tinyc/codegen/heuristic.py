@@ -111,7 +111,13 @@ def _cpu_register_tile(kernel: Kernel, inputs: list[int]) -> None:
     # its forward and backward ran 3.4-6.1 ms tiled against 1.9-4.4 untiled, 1.4-1.9x (2-core guest, runs interleaved). Each lane is
     # a vector accumulator here: 4 x (vector_lanes / 4) of them, half the vector registers (AVX2 16, AVX-512 32). 4 x 4 on AVX2 spilled:
     # a @ b.T 2048 x 512 x 128 (a linear layer's forward) 62 -> 103 GFLOP/s with 4 x 2, numpy 127 (2-core AVX2 guest)
-    return _broadcast_tile(kernel, inputs, max(kernel.target.vector_lanes // 4, 1))
+    _broadcast_tile(kernel, inputs, max(kernel.target.vector_lanes // 4, 1))
+    # a tile of 8 or more accumulators takes the reduce a vector register's lanes a trip (UNROLL), each accumulator a vector of partial
+    # sums that packing.horizontal adds up for all of them at once: LLVM's own vectorizing added up each alone (4 shuffles and adds
+    # a vector); a linear layer's forward x @ W.T 2048 x 128 x 512 (2-core AVX-512 guest, alternating) 2.94-3.19 -> 2.49-2.72 ms
+    if kernel.upcast_size >= 8 and kernel.full_shape[innermost_reduce] % kernel.target.vector_lanes == 0:
+      _try(kernel, Opt(OptOps.UNROLL, len(kernel.axes(AxisKind.REDUCE)) - 1, kernel.target.vector_lanes))
+    return
   # vectorize across the output's contiguous axis, then reuse each vector load across a tile of an axis it is broadcast along.
   # Where no input runs along the output, across an axis that an input walking the reduce with a stride is contiguous along
   # instead (the linearizer packs the reduce's lanes into vectors along it)

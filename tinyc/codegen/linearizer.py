@@ -17,7 +17,7 @@ from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel
 from tinyc.codegen.uops import (PACKED_16_BIT, PYTHON_ALU, VECTOR_WIDTH, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind,
                                UOp, UOps, cast_python_value, without_unused)
 from tinyc.codegen.tiles import Tile, define_tile, enter_trip, leave_trip, load_tiles, mma, start_tile_copies, store_tiles, wgmma
-from tinyc.codegen.packing import LOADED_DTYPES, pack, packed_axis, prefetch
+from tinyc.codegen.packing import LOADED_DTYPES, horizontal, pack, packed_axis, prefetch
 from tinyc.codegen.online import online_groups, online_reduce, siblings
 from tinyc.codegen.bounds import identity_masks, loop_range
 from tinyc.codegen.thread_reduce import group_reduce, lane_reduce
@@ -364,12 +364,12 @@ class Linearizer:
     key_axes = [axis for axis in outer.lane_axes if axis in self.value_axes(reduceop)]  # an accumulator for each of their lanes
     keys = list(itertools.product(*[range(kernel.full_shape[axis]) for axis in key_axes]))
     # on a CPU the lanes of one key axis may share an accumulator, a vector (packing.py): accumulators are keyed by the other axes
-    packed = None if self.threads else packed_axis(kernel, reduceop, key_axes)
+    packed = None if self.threads else packed_axis(kernel, reduceop, key_axes, unrolled)  # (one of `unrolled`: partial sums, horizontal)
     acc_axes = [axis for axis in key_axes if axis != packed]
     acc_keys = list(itertools.product(*[range(kernel.full_shape[axis]) for axis in acc_axes]))
     tensor_cores, serial = bool(kernel.axes(AxisKind.TC)) and not kernel.nested_tc, kernel.axes(AxisKind.SERIAL)
     members = [reduceop] if tensor_cores or serial or self.tiles else [  # (on a CPU, those whose lanes pack alike: packing.py)
-      member for member in siblings(self, reduceop, outer, key_axes) if self.threads or packed_axis(kernel, member, key_axes) == packed]
+      member for member in siblings(self, reduceop, outer, key_axes) if self.threads or packed_axis(kernel, member, key_axes, unrolled) == packed]
     accs = {member: self.define_accs(member, len(acc_keys), kernel.full_shape[packed] if packed is not None else 1) for member in members}
     scope = Scope(outer.bound | {axis: self.thread_idxs[axis] for axis in grouped}, sorted(key_axes + unrolled), dict(outer.reduced))
     if serial: barriers = cast(UOp, self._stage_barriers)  # (started before the loop over the tiles)
@@ -407,7 +407,8 @@ class Linearizer:
     if tensor_cores and not serial: self.uop(UOps.ASYNC_WAIT, None, pure=False)  # no copy left running (they were for trips past the last)
     for member in members:
       partials = [self.uop(UOps.LOAD, acc.dtype, (acc,), pure=False) for acc in accs[member]]
-      if packed is not None:  # each key's lane of its accumulator
+      if packed in unrolled: partials = horizontal(self, REDUCE_TO_ALU[cast(ReduceOps, member.op)], partials)
+      elif packed is not None:  # each key's lane of its accumulator
         partials = [self.uop(UOps.GEP, member.dtype, (partials[acc_keys.index(tuple(key[key_axes.index(axis)] for axis in acc_axes))],),
                              key[key_axes.index(packed)]) for key in keys]
       if any(number in kernel.owners[axis] for axis in kernel.axes(AxisKind.LANE)) and not computed_by_mma(kernel, member):

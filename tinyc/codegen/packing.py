@@ -18,15 +18,45 @@ PACKED_DTYPES = {dtypes.bool, dtypes.float32, dtypes.float64, *INTS}
 PACKED_ALU = set(PYTHON_ALU) - {BinaryOps.IDIV, BinaryOps.MOD}
 LOADED_DTYPES = PACKED_DTYPES - {dtypes.bool}  # vector loads: a bool is a bit in registers, a byte in memory
 
-def packed_axis(kernel: Kernel, reduceop: LazyOp, key_axes: list[int]) -> int | None:
+def packed_axis(kernel: Kernel, reduceop: LazyOp, key_axes: list[int], unrolled: list[int] | None = None) -> int | None:
   """The key axis (one an accumulator has lanes along) whose lanes the reduce accumulates as vectors: one along which an input it
   reads is contiguous, so its loads are vector loads; of those the one the output is contiguous along (its stores too), else the
-  widest (the later of equals): a.T @ b at 1000 packed along its 8 stored columns ran at 0.31x numpy, along a.T's 10 rows 0.27x."""
+  widest (the later of equals): a.T @ b at 1000 packed along its 8 stored columns ran at 0.31x numpy, along a.T's 10 rows 0.27x.
+  Where no key axis packs, one of `unrolled` (the reduce's own lanes) that an input is contiguous along: each accumulator is then a
+  vector of partial sums, which horizontal() adds up after the loop."""
   if reduceop.dtype not in PACKED_DTYPES: return None
   inputs = [kernel.bufs.index(node.arg) for node in reduceop.src[0].walk() if node.op is BufferOps.LOAD]
   def stride(number: int, axis: int) -> int | None: return kernel.sts[number].real_strides(ignore_valid=True)[axis]
   contiguous = [axis for axis in key_axes if any(stride(number, axis) == 1 for number in inputs)]
-  return max(reversed(contiguous), key=lambda axis: (stride(0, axis) == 1, kernel.full_shape[axis]), default=None)
+  if contiguous: return max(reversed(contiguous), key=lambda axis: (stride(0, axis) == 1, kernel.full_shape[axis]))
+  powers = [axis for axis in unrolled or [] if (size := kernel.full_shape[axis]) > 1 and size & (size - 1) == 0]  # (halves all the way)
+  return next((axis for axis in powers if any(stride(number, axis) == 1 for number in inputs)), None)
+
+def horizontal(lin: Linearizer, op: BinaryOps, vectors: list[UOp]) -> list[UOp]:
+  """Each vector's lanes folded by `op` into one value, for many vectors at once: pairs of vectors of r keys each become one of 2r
+  keys (the first halves of each key's lanes against the second halves: two shuffles and one op), up to a vector's lanes of keys,
+  then each vector is halved in place until a key has one lane. 16 vectors of 16 lanes: 15 ops, where one at a time takes 64."""
+  width, scalar = cast(DType, vectors[0].dtype).count, cast(DType, vectors[0].dtype).scalar()
+  def fold(parts: list[tuple[UOp, int]], size: int) -> UOp:  # (vector, keys) parts of `size` lanes: each key's first half op its second
+    halves = [[(vector, key * (size // keys) + half * (size // keys // 2) + lane) for vector, keys in parts for key in range(keys)
+               for lane in range(size // keys // 2)] for half in (0, 1)]
+    low, high = ([lin.uop(UOps.GEP, scalar, (vector,), lane) for vector, lane in half] for half in halves)
+    return lin.alu(op, scalar, low[0], high[0]) if len(low) == 1 else \
+      lin.alu(op, scalar.vec(len(low)), *(lin.uop(UOps.VECTORIZE, scalar.vec(len(low)), tuple(lanes)) for lanes in (low, high)))
+  results: list[UOp] = []
+  for start in range(0, len(vectors), width):
+    items = [(vector, 1) for vector in vectors[start:start + width]]  # (a vector, how many keys' lanes it holds)
+    while any(a[1] == b[1] for a, b in zip(items, items[1:])):  # neighbours holding as many keys merge, in order
+      merged, number = [], 0
+      while number < len(items):
+        together = len(pair := items[number:number + 2]) == 2 and pair[0][1] == pair[1][1]
+        merged.append((fold(pair, width), 2 * pair[0][1]) if together else pair[0])
+        number += 2 if together else 1
+      items = merged
+    for vector, keys in items:
+      for size in (width >> shift for shift in range(width.bit_length()) if width >> shift > keys): vector = fold([(vector, keys)], size)
+      results.extend([vector] if keys == 1 else [lin.uop(UOps.GEP, scalar, (vector,), key) for key in range(keys)])
+  return results
 
 def pack(make: Callable[[UOps, DType, tuple[UOp, ...], Any], UOp], lanes: list[UOp]) -> UOp:
   """These scalar values as one vector UOp (`make` makes a UOp): where every lane is the same op of packable values, that op on the
