@@ -17,7 +17,7 @@ from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel
 from tinyc.codegen.uops import (PACKED_16_BIT, PYTHON_ALU, VECTOR_WIDTH, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind,
                                UOp, UOps, cast_python_value, without_unused)
 from tinyc.codegen.tiles import Tile, define_tile, enter_trip, leave_trip, load_tiles, mma, start_tile_copies, store_tiles, wgmma
-from tinyc.codegen.packing import LOADED_DTYPES, horizontal, pack, packed_axis, prefetch
+from tinyc.codegen.packing import LOADED_DTYPES, gated_rows, horizontal, pack, packed_axis, prefetch
 from tinyc.codegen.online import online_groups, online_reduce, siblings
 from tinyc.codegen.bounds import identity_masks, loop_range
 from tinyc.codegen.thread_reduce import group_reduce, lane_reduce
@@ -157,8 +157,10 @@ class Linearizer:
     """Each lane's element of `memory` (lanes laid out as `sizes`) as `dtype`: vector loads where vector_groups finds them, else one by one."""
     memory_dtype = cast(DType, memory.dtype)
     values: list[UOp | None] = [None] * len(addresses)
-    for group, start in self.vector_groups(memory_dtype, sizes, addresses, packed):
-      vector = self.uop(UOps.LOAD, memory_dtype.vec(len(group)), (memory, self.index(start)))
+    groups = [(group, start, NumNode(1)) for group, start in self.vector_groups(memory_dtype, sizes, addresses, packed)]
+    for group, start, valid in groups or ([] if self.threads else gated_rows(memory_dtype, sizes, addresses)):
+      index, gate = self.access(start, valid)
+      vector = self.uop(UOps.LOAD, memory_dtype.vec(len(group)), (memory, index) + gate)
       for lane_number, lane in enumerate(group): values[lane] = self.uop(UOps.GEP, memory_dtype, (vector,), lane_number)
     return [self.cast(value if value is not None else self.load(memory, *address), dtype) for value, address in zip(values, addresses)]
 

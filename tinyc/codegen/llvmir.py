@@ -270,9 +270,11 @@ def _render_llvm(function_name: str, uops: list[UOp]) -> str:
       builder.position_at_end(exit_block)
     elif uop.op is UOps.LOAD:
       if uop.src[0].op is UOps.DEFINE_ACC: values[uop] = builder.load(src[0], typ=register_type(dtype))
-      elif dtype.count > 1:  # neighbouring elements from any index (the vector types here are the same in memory)
-        pointer = builder.gep(src[0], [src[1]], source_etype=memory_type(dtype.scalar()))
-        values[uop] = builder.load(pointer, typ=register_type(dtype), align=dtype.scalar().itemsize)
+      elif dtype.count > 1:  # neighbouring elements from any index (the vector types here are the same in memory); gated as one
+        index = builder.select(src[2], src[1], ir.Constant(src[1].type, 0)) if len(src) == 3 else src[1]
+        pointer = builder.gep(src[0], [index], source_etype=memory_type(dtype.scalar()))
+        loaded = builder.load(pointer, typ=register_type(dtype), align=dtype.scalar().itemsize)
+        values[uop] = builder.select(src[2], loaded, ir.Constant(register_type(dtype), None)) if len(src) == 3 else loaded
       else:  # a gated load clamps the index so a masked-out lane never reads out of bounds, then zeroes the value
         index = builder.select(src[2], src[1], ir.Constant(src[1].type, 0)) if len(src) == 3 else src[1]
         pointer = builder.gep(src[0], [index], source_etype=memory_type(dtype))
