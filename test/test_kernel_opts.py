@@ -647,11 +647,11 @@ def test_a_cpu_loads_each_row_of_a_cat_as_one_gated_vector(tinyc_device):
 
 @pytest.mark.one_device
 def test_a_cpu_prefetches_the_rows_a_weight_gradient_walks_a_page_apart(tinyc_device):
-  """x.T @ grad over 2048 tokens into 128 x 512: grad's rows are 2 KB apart, so the reduce loop crosses a page every other trip and
+  """x.T @ grad over 256 tokens into 128 x 512: grad's rows are 2 KB apart, so the reduce loop crosses a page every other trip and
   the hardware's prefetchers (which stop at a page's end) fall behind; the loop asks for grad's row PREFETCH_TRIPS trips ahead
   (the CPU GPT bench's weight gradients 2.40-2.61 -> 1.82-1.98 ms a call). x's rows, 512 B apart, and a forward x @ W.T (both along
   the reduce) get none. Both against numpy, and the prefetch in the LLVM IR."""
-  (x, tx), (g, tg) = realized(2048, 128, seed=3), realized(2048, 512, seed=4)
+  (x, tx), (g, tg) = realized(256, 128, seed=3), realized(256, 512, seed=4)  # (256 tokens: one kernel on a GPU too, no split-K)
   kernel, _ = heuristic(tx.T @ tg, KernelTarget(vector_lanes=16))
   uops = Linearizer(kernel).linearize()
   prefetched = [uop for uop in uops if uop.op is UOps.PREFETCH]
