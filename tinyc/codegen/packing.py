@@ -35,7 +35,7 @@ def packed_axis(kernel: Kernel, reduceop: LazyOp, key_axes: list[int], unrolled:
 def horizontal(lin: Linearizer, op: BinaryOps, vectors: list[UOp]) -> list[UOp]:
   """Each vector's lanes folded by `op` into one value, for many vectors at once: pairs of vectors of r keys each become one of 2r
   keys (the first halves of each key's lanes against the second halves: two shuffles and one op), up to a vector's lanes of keys,
-  then each vector is halved in place until a key has one lane. 16 vectors of 16 lanes: 15 ops, where one at a time takes 64."""
+  then each vector is halved in place until a key has one lane. 16 vectors of 16 lanes: 15 ops (and 30 shuffles); one at a time, 64."""
   width, scalar = cast(DType, vectors[0].dtype).count, cast(DType, vectors[0].dtype).scalar()
   def fold(parts: list[tuple[UOp, int]], size: int) -> UOp:  # (vector, keys) parts of `size` lanes: each key's first half op its second
     halves = [[(vector, key * (size // keys) + half * (size // keys // 2) + lane) for vector, keys in parts for key in range(keys)
