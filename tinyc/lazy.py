@@ -101,8 +101,8 @@ class LazyBuffer:
     # (batch, tokens) splits the batch, each part's tokens one loop); else the longest, in as many parts as make enough or fit
     outer = min(a for a in axis if self.shape[a] > 1)
     if (parts := next((d for d in fits(outer) if outputs * d >= SPLIT_K_OUTPUTS), None)) is not None: return outer, parts
-    dim = max(axis, key=lambda a: self.shape[a])
-    return (dim, next((d for d in fits(dim) if outputs * d >= SPLIT_K_OUTPUTS), fits(dim)[-1])) if fits(dim) else None
+    longest = fits(dim := max(axis, key=lambda a: self.shape[a]))
+    return (dim, next((d for d in longest if outputs * d >= SPLIT_K_OUTPUTS), longest[-1])) if longest else None
 
   def contiguous(self) -> LazyBuffer:
     """This value in its own contiguous memory: a plain base that is stored anyway (a realized buffer, a load op) is itself; any other

@@ -317,8 +317,7 @@ def _schedule(targets: list[LazyBuffer]) -> list[ScheduleItem]:
     while (scheduler := Scheduler(targets, consumers, realizes, no_store)).stale: pass
     # stored by a pass's decision for a kernel that a later pass made again reading something else (a value it had recomputed, now
     # stored: an MLP's gelu derivative, where the first kernel stored its terms): scheduled again without them, once each
-    passed = realizes - graph_level
-    if unread := (_unread_stores(scheduler.items, passed) | _recomputable_stores(scheduler.items, passed, realizes)) - dropped:
+    if unread := _needless_stores(scheduler.items, realizes - graph_level, realizes) - dropped:
       realizes, dropped = realizes - unread, dropped | unread
       continue
     if not (crossed := _reduces_of_crossed_assigns(scheduler.items)): break
@@ -328,27 +327,27 @@ def _schedule(targets: list[LazyBuffer]) -> list[ScheduleItem]:
   if any(out.op is LoadOps.ASSIGN for item in items for out in item.outs): items = ordered(items)
   return items
 
-def _unread_stores(items: list[ScheduleItem], stored: set[LazyBuffer]) -> set[LazyBuffer]:
-  """The bases of `stored` that the items store but none reads (load ops aside: they are their own items)."""
-  read = {base for item in items for base in item.inputs}
-  return {out for item in items if not isinstance(item.ast.op, LoadOps) for out in item.outs if out in stored and out not in read}
-
-def _recomputable_stores(items: list[ScheduleItem], stored: set[LazyBuffer], realizes: set[LazyBuffer]) -> set[LazyBuffer]:
-  """The elementwise bases of `stored` that one kernel alone reads, a kernel without reduces that reads every stored value and
-  buffer they are computed from: rule 2 stored such a value for a kernel that recomputed its reader (gelu's 1 + 0.044715 h^2, for an
-  input gradient's kernel recomputing gelu's derivative), and that reader, stored since, computes it for nothing more."""
+def _needless_stores(items: list[ScheduleItem], stored: set[LazyBuffer], realizes: set[LazyBuffer]) -> set[LazyBuffer]:
+  """The bases of `stored` (pass-level stores) that the items store for nothing: those none reads (load ops aside: they are their own
+  items), and the elementwise ones that one kernel alone reads, a kernel without reduces that reads every stored value and buffer
+  they are computed from (rule 2 stored gelu's 1 + 0.044715 h^2 for a kernel that recomputed its reader, the derivative, which is
+  stored since and would compute it for nothing more)."""
   readers: dict[LazyBuffer, list[ScheduleItem]] = {}
   for item in items:
     for base in item.inputs: readers.setdefault(base, []).append(item)
   def inputs_of(value: LazyBuffer) -> set[LazyBuffer]:
-    found, stack = set[LazyBuffer](), [src.base for src in value.srcs]
+    found, seen, stack = set[LazyBuffer](), set[LazyBuffer](), [src.base for src in value.srcs]
     while stack:
-      if (base := stack.pop()).realized is not None or base in realizes: found.add(base)
+      if (base := stack.pop()) in seen: continue
+      seen.add(base)
+      if base.realized is not None or base in realizes: found.add(base)
       else: stack.extend(src.base for src in base.srcs)
     return found
-  return {out for item in items if not isinstance(item.ast.op, LoadOps) for out in item.outs if out in stored and not isinstance(out.op, ReduceOps)
-          and len(reader := readers.get(out, [])) == 1 and not any(op.op in ReduceOps for op in reader[0].ast.walk())
-          and inputs_of(out) <= set(reader[0].inputs)}
+  def needless(out: LazyBuffer) -> bool:
+    if not (reading := readers.get(out)): return True
+    return not isinstance(out.op, ReduceOps) and len(reading) == 1 and not any(op.op in ReduceOps for op in reading[0].ast.walk()) \
+      and inputs_of(out) <= set(reading[0].inputs)
+  return {out for item in items if not isinstance(item.ast.op, LoadOps) for out in item.outs if out in stored and needless(out)}
 
 def _reduces_of_crossed_assigns(items: list[ScheduleItem]) -> set[LazyBuffer]:
   """Rule 6 across kernels: two kernels that assign (an optimizer's updates) may each read the other's target, through a gradient each
