@@ -11,7 +11,7 @@ from tinyc.codegen.kernel import GPU_MAX_UPCAST, AxisKind, Kernel, KernelOptErro
 from tinyc.codegen.linearizer import Linearizer
 from tinyc.device import Buffer, Device
 from tinyc.dtype import DType, dtypes
-from tinyc.helpers import Context, prod
+from tinyc.helpers import ALLOW_TF32, Context, prod
 from tinyc.ops import LoadOps
 from tinyc.schedule import create_schedule
 
@@ -45,14 +45,22 @@ def test_tc_makes_a_warp_of_8_x_4_threads_with_2_x_2_accumulators_each():
   assert kernel.full_shape[kernel.axes(AxisKind.REDUCE)[0]] == 48 // 16 and kernel.local_size == 32 and kernel.upcast_size == 4
   assert sorted(kernel.staged) == [1, 2] and kernel.tile_stages == 2
 
-def test_float32_goes_onto_tf32_tensor_cores_only_with_allow_tf32():
-  with pytest.raises(KernelOptError): kernel_of(64, 32, 48, dtype=dtypes.float32).apply_opt(Opt(OptOps.TC, 0, 0))
-  assert OptOps.TC not in [opt.op for opt in hand_coded_optimizations(kernel_of(64, 32, 48, dtype=dtypes.float32))]
-  with Context(ALLOW_TF32=1):
-    kernel = kernel_of(64, 32, 48, dtype=dtypes.float32)
-    kernel.apply_opt(Opt(OptOps.TC, 0, 0))
-    assert [kernel.full_shape[axis] for axis in kernel.axes(AxisKind.TC)] == [8]  # m16n8k8: 16 bytes of a row, as for 16-bit floats
-    assert OptOps.TC in [opt.op for opt in hand_coded_optimizations(kernel_of(64, 32, 48, dtype=dtypes.float32))]
+def test_float32_goes_onto_tensor_cores_as_3xtf32_and_as_tf32_alone_with_allow_tf32():
+  """Float32 runs as 3xTF32 (three mmas a tile and step: small x big, big x small, big x big, each register split once), or as one
+  TF32 mma with ALLOW_TF32=1: m16n8k8 either way, 16 bytes of a row as for 16-bit floats."""
+  def mmas(kernel: Kernel) -> tuple[int, int]:  # (mma instructions, distinct register operands they read)
+    source = render_cuda(kernel.name, Linearizer(kernel, threads=True).linearize())
+    calls = re.findall(r'mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32[^:]*: [^:]*: ([^)]*\)(?:, "r"\([^)]*\))*)\);', source)
+    return len(calls), len({register for call in calls for register in re.findall(r'"r"\(([^)]*)\)', call)})
+  counts = {}
+  for allow in (0, 1):
+    with Context(ALLOW_TF32=allow):
+      kernel = kernel_of(64, 32, 48, dtype=dtypes.float32)
+      kernel.apply_opt(Opt(OptOps.TC, 0, 0))
+      assert [kernel.full_shape[axis] for axis in kernel.axes(AxisKind.TC)] == [8]
+      counts[allow] = mmas(kernel)
+      assert OptOps.TC in [opt.op for opt in hand_coded_optimizations(kernel_of(64, 32, 48, dtype=dtypes.float32))]
+  assert counts[1][0] > 0 and counts[0][0] == 3 * counts[1][0] and counts[0][1] == 2 * counts[1][1], counts  # each register as big and small parts
 
 def test_tc_prefers_the_outputs_contiguous_axis_as_n():
   kernel = kernel_of(64, 32, 48)
@@ -61,7 +69,7 @@ def test_tc_prefers_the_outputs_contiguous_axis_as_n():
 
 @pytest.mark.parametrize("why, target, shape, dtype, before, opt", [
   ("no tensor cores", KernelTarget(has_local=True), (64, 32, 48), dtypes.float16, [], Opt(OptOps.TC, 0, 0)),
-  ("float32 inputs", H200, (64, 32, 48), dtypes.float32, [], Opt(OptOps.TC, 0, 0)),
+  ("float64 inputs", H200, (64, 32, 48), dtypes.float64, [], Opt(OptOps.TC, 0, 0)),
   ("neither M nor N a multiple of 16", H200, (40, 40, 48), dtypes.float16, [], Opt(OptOps.TC, 0, 0)),
   ("after another Opt", H200, (64, 32, 48), dtypes.float16, [Opt(OptOps.UPCAST, 0, 4)], Opt(OptOps.TC, 0, 0)),
   ("one tile stage", H200, (64, 32, 48), dtypes.float16, [], Opt(OptOps.TC, 0, 1)),
@@ -153,15 +161,16 @@ def apply_plan(kernel: Kernel, plan: list[Opt] | None) -> list[Opt]:
   return plan
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("dtype", TC_DTYPES + (dtypes.float32,), ids=lambda dtype: dtype.name)
-def test_tensor_core_kernels_compile_to_ptx(layout, dtype):
+@pytest.mark.parametrize("dtype, allow_tf32", [(dtype, 0) for dtype in TC_DTYPES] + [(dtypes.float32, 0), (dtypes.float32, 1)],
+                         ids=["float16", "bfloat16", "float32-3xtf32", "float32-tf32"])
+def test_tensor_core_kernels_compile_to_ptx(layout, dtype, allow_tf32):
   try:
     from tinyc.runtime.nvrtc import compile_cuda, load_nvrtc
     load_nvrtc()
   except (ImportError, RuntimeError) as error: pytest.skip(f"NVRTC is not installed here ({error}); CI installs it")
   for name, plan in PLANS.items():
     for shape in ((64, 32, 64), (48, 40, 80), (1000, 24, 40), (64, 48, 64)):
-      with Context(ALLOW_TF32=dtype == dtypes.float32):
+      with Context(ALLOW_TF32=allow_tf32):
         kernel = kernel_of(*shape, layout=layout, dtype=dtype)
         try: apply_plan(kernel, plan)
         except KernelOptError: continue  # (a plan for other sizes)
@@ -179,9 +188,10 @@ def test_tensor_core_kernels_compile_to_ptx(layout, dtype):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_tensor_cores_match_numpy(layout, tinyc_device):
-  """On a device with tensor cores every plan matches numpy (float32 as TF32, with ALLOW_TF32=1); elsewhere TC is refused."""
-  for dtype in TC_DTYPES + (dtypes.float32,):
-    with Context(ALLOW_TF32=dtype == dtypes.float32):
+  """On a device with tensor cores every plan matches numpy (float32 as 3xTF32, and as TF32 with ALLOW_TF32=1); elsewhere TC is
+  refused."""
+  for dtype, allow_tf32 in [(dtype, 0) for dtype in TC_DTYPES] + [(dtypes.float32, 0), (dtypes.float32, 1)]:
+    with Context(ALLOW_TF32=allow_tf32):
       for shape in ((64, 32, 64), (48, 40, 80), (1000, 24, 40), (64, 48, 64), (192, 192, 64)): check_plans(shape, layout, dtype)
 
 def check_plans(shape: tuple[int, int, int], layout: str, dtype: DType) -> None:
@@ -197,8 +207,8 @@ def check_plans(shape: tuple[int, int, int], layout: str, dtype: DType) -> None:
     assert plan is not None or OptOps.TC in [opt.op for opt in opts], "the heuristic uses tensor cores"
     out = Buffer(Device.DEFAULT, prod(item.outs[0].shape), item.outs[0].dtype)
     device.get_program(item.ast, opts)([out] + [src.realized for src in item.inputs])
-    # the output's rounding; for float32 TF32's products (10-bit mantissas)
-    tolerance = {dtypes.bfloat16: 2 ** -7, dtypes.float16: 2 ** -10, dtypes.float32: 2 ** -9}[dtype]
+    # the output's rounding; for float32 TF32's products (10-bit mantissas), or 3xTF32's (about 21 bits)
+    tolerance = {dtypes.bfloat16: 2 ** -7, dtypes.float16: 2 ** -10, dtypes.float32: 2 ** -9 if ALLOW_TF32 else 2 ** -18}[dtype]
     np.testing.assert_allclose(out.numpy().astype(np.float64).reshape(expected.shape), expected, rtol=tolerance,
                                atol=tolerance * np.abs(expected).max(), err_msg=f"{name} {shape} {dtype.name}")
 

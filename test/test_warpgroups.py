@@ -37,6 +37,17 @@ def test_the_heuristic_takes_warpgroups_on_sm_90_only():
   hand_coded_optimizations(kernel)  # 8 warps along M (two warpgroups of 64 rows), all 256 columns in one UPCAST
   assert kernel.local_size == 8 * 32 and [kernel.full_shape[axis] for axis in kernel.axes(AxisKind.UPCAST)] == [32]
 
+def test_3xtf32_stays_on_mma_sync():
+  """wgmma reads B from local memory as it is, where 3xTF32 needs each value split in two: float32 without ALLOW_TF32 keeps to
+  mma.sync (the heuristic's plan, and WARPGROUP raises), in every layout."""
+  for layout in LAYOUTS:
+    kernel = kernel_of(1024, 1024, 256, layout=layout, dtype=dtypes.float32, target=SM90)
+    opts = hand_coded_optimizations(kernel)
+    assert OptOps.TC in [opt.op for opt in opts] and OptOps.WARPGROUP not in [opt.op for opt in opts], (layout, opts)
+  kernel = kernel_of(64, 64, 128, dtype=dtypes.float32, target=SM90)
+  for opt in ONE_WARPGROUP[:-1]: kernel.apply_opt(opt)
+  with pytest.raises(KernelOptError, match="3xTF32"): kernel.apply_opt(ONE_WARPGROUP[-1])
+
 @pytest.mark.parametrize("why, target, dtype, before, opt", [
   ("no wgmma here", H200, dtypes.float16, ONE_WARPGROUP[:-1], ONE_WARPGROUP[-1]),
   ("before TC", SM90, dtypes.float16, [], ONE_WARPGROUP[-1]),

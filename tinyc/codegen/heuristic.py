@@ -32,7 +32,7 @@ stores, and the runtime's work-group size.
 """
 from __future__ import annotations
 from typing import Callable
-from tinyc.helpers import NOOPT, all_int, prod
+from tinyc.helpers import ALLOW_TF32, NOOPT, all_int, prod
 from tinyc.ops import MemBuffer
 from tinyc.codegen.kernel import AxisKind, Kernel, Opt, OptOps
 from tinyc.codegen.nested_plan import nested_plan, try_opt as _try, try_upcast as _try_upcast
@@ -362,7 +362,7 @@ def _tensor_core_plan(kernel: Kernel) -> bool:
 def _wgmma_orientation(kernel: Kernel, operands: list[int], choices: list[tuple[int, int, int]]) -> tuple[int, int, int]:
   """The TC choice (M, N, K) to plan: the first, but for TF32 on sm_90 the first whose B (the operand spanning N) is contiguous
   along K, as wgmma reads 32-bit B values only so (A it may take from registers): a float32 `a @ b` then has M and N swapped."""
-  if not kernel.target.warpgroups or kernel.bufs[operands[0]].dtype.itemsize != 4: return choices[0]
+  if not kernel.target.warpgroups or kernel.bufs[operands[0]].dtype.itemsize != 4 or not ALLOW_TF32: return choices[0]
   along_k = lambda choice: any(kernel.sts[number].real_strides(ignore_valid=True)[choice[2]] == 1  # noqa: E731
                                for number in operands if not kernel.broadcast_along(number, choice[1]))
   return next((choice for choice in choices if along_k(choice)), choices[0])

@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 from typing import Callable, Sequence
 from tinyc.dtype import dtypes
-from tinyc.helpers import ALLOW_TF32, all_int, dedup, prod, to_function_name
+from tinyc.helpers import all_int, dedup, prod, to_function_name
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, ReduceOps, UnaryOps
 from tinyc.codegen.uops import PYTHON_ALU
 from tinyc.codegen.axes import (CPU_TARGET, GPU_MAX_UPCAST, KIND_COLORS, LANES, LAYOUT_RANK, MAX_UPCAST, REDUCE_SIDE, SPLIT_KINDS, TC_DTYPES,
@@ -35,7 +35,7 @@ from tinyc.codegen.axes import (CPU_TARGET, GPU_MAX_UPCAST, KIND_COLORS, LANES, 
                                 tc_reduce)
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.codegen.online import factor_invariants
-from tinyc.codegen.register_mma import nested_tensor_core
+from tinyc.codegen.register_mma import NESTED_TC_DTYPES, nested_tensor_core
 from tinyc.codegen.tile_layout import tile_layout
 from tinyc.codegen.warpgroups import check_opt, check_warpgroup
 from tinyc.shape.symbolic import AndNode, Node, Variable, sym_max
@@ -287,14 +287,14 @@ class Kernel:
     self.staged += (number,)
 
   def tensor_core_operands(self) -> list[int]:
-    """The buffer numbers of the two 16-bit inputs whose products the kernel's one reduce sums, if tensor cores can compute it."""
+    """The buffer numbers of the two 16-bit or float32 inputs (3xTF32, or TF32 alone with ALLOW_TF32=1) whose products the kernel's
+    one reduce sums, if tensor cores can compute it."""
     if len(self.reduceops) != 1 or self.n_outputs != 1 or self.stores_rows: return []
     widened = lambda node: node.src[0] if node.op is UnaryOps.CAST and node.dtype == dtypes.float32 else node  # noqa: E731 (exact)
     reduceop, product = self.reduceops[0], widened(self.reduceops[0].src[0])
     if reduceop.op is not ReduceOps.SUM or product.op is not BinaryOps.MUL: return []
     loads = [widened(src) for src in product.src]  # a product of 16-bit floats is exact in float32 registers, as in the mma
-    allowed = TC_DTYPES + ((dtypes.float32,) if ALLOW_TF32 else ())
-    if not all(load.op is BufferOps.LOAD and load.dtype in allowed and load.dtype == loads[0].dtype for load in loads): return []
+    if not all(load.op is BufferOps.LOAD and load.dtype in NESTED_TC_DTYPES and load.dtype == loads[0].dtype for load in loads): return []
     numbers = [self.bufs.index(load.arg) for load in loads]
     return numbers if numbers[0] != numbers[1] and self.bufs[numbers[0]] not in _loads_outside_reduces(self.ast) else []
 
@@ -323,7 +323,7 @@ class Kernel:
     if self.nested_contractions(): return nested_tensor_core(self, opt)
     choices = self.tensor_core_choices()
     check_opt(0 <= opt.axis < len(choices), opt, f"choice {opt.axis} is not one of this kernel's {len(choices)} ways onto tensor cores "
-           "(a sum of products of two 16-bit inputs, or float32 ones with ALLOW_TF32=1, M, N and K multiples of 16, 8 and 16 or 8)")
+           "(a sum of products of two 16-bit or float32 inputs, M, N and K multiples of 16, 8 and 16 or 8)")
     m, n, k = choices[opt.axis]
     self.staged, self.tile_stages = tuple(self.tensor_core_operands()), opt.amount or 2
     positions = [self.axes(AxisKind.GLOBAL).index(m), self.axes(AxisKind.GLOBAL).index(n), self.axes(AxisKind.REDUCE).index(k)]

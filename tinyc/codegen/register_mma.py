@@ -33,6 +33,7 @@ if TYPE_CHECKING:
   from tinyc.codegen.linearizer import Linearizer, Scope
 
 NESTED_TC_DTYPES = TC_DTYPES + (dtypes.float32,)  # float32 as 3xTF32 (module docstring)
+THREE_TF32 = ((1, 0), (0, 1), (0, 0))  # (A's part, B's part) of each mma of 3xTF32, 0 big and 1 small: the small products first
 
 def _check(condition: bool, opt: Opt, why: str) -> None:
   if not condition: raise KernelOptError(f"{opt}: {why}")
@@ -171,14 +172,14 @@ def register_mma(lin: Linearizer, reduceop: LazyOp, scope: Scope, accs: list[UOp
         moved = [lin.uop(UOps.TRANSPOSE, word.dtype, (word,)) for word in rows]
         b = [moved[(step * 2 + high) * len(tile_values) + t] for t in range(len(tile_values)) for step in range(size) for high in range(2)]
     # the mma's registers: 16-bit words of (step, high), or TF32 elements of (step and high, e): the same places either way
-    a_parts, b_parts = ([_tf32_split(lin, x) for x in a], [_tf32_split(lin, x) for x in b]) if tf32 else ([(x,) for x in a], [(x,) for x in b])
+    a_parts, b_parts = ([tf32_split(lin, x) for x in a], [tf32_split(lin, x) for x in b]) if tf32 else ([(x,) for x in a], [(x,) for x in b])
     for t, tile in enumerate(tile_values):
       corners = [at | tile_at(tile) | {roles.row_pair: NumNode(r), n_pair: NumNode(e)} for r in range(2) for e in range(2)]
       quad_accs = [accs[keys.index(tuple(cast(NumNode, corner[axis]).b for axis in key_axes))] for corner in corners]
       for step in range(mma_steps):
         registers = [a_parts[row * 2 * mma_steps + step * 2 + high] for high in range(2) for row in range(2)]  # (g, low), (g + 8, low), ...
         b_registers = b_parts[(t * mma_steps + step) * 2:][:2]
-        for a_part, b_part in ((1, 0), (0, 1), (0, 0)) if tf32 else ((0, 0),):  # 3xTF32: the small products first, then big x big
+        for a_part, b_part in THREE_TF32 if tf32 else ((0, 0),):
           operands = [part[a_part] for part in registers] + [part[b_part] for part in b_registers]
           lin.uop(UOps.WMMA, None, (*operands, *quad_accs), dtype, pure=False)
 
@@ -190,13 +191,14 @@ def _packed(lin: Linearizer, dtype: DType, low: UOp, high: UOp) -> UOp:
     return lin.uop(UOps.GEP, dtype.vec(2), (vector,), low.arg // 2)  # (a 16-bit vector is 32-bit words)
   return lin.uop(UOps.VECTORIZE, dtype.vec(2), (lin.cast(low, dtype), lin.cast(high, dtype)))
 
-def _tf32_split(lin: Linearizer, value: UOp) -> tuple[UOp, UOp]:
-  """A float32 value as two TF32 registers (module docstring): big, rounded to nearest (ties away, as cvt.rna) by adding half of
-  the 13 dropped bits' place, and small = value - big, which the mma truncates to TF32."""
-  bits = lin.uop(UOps.BITCAST, dtypes.uint32, (value,))
+def tf32_split(lin: Linearizer, value: UOp) -> tuple[UOp, UOp]:
+  """A float32 value (or its bits, as a fragment register holds them) as two TF32 registers (module docstring): big, rounded to
+  nearest (ties away, as cvt.rna) by adding half of the 13 dropped bits' place, and small = value - big, which the mma truncates."""
+  bits = value if value.dtype == dtypes.uint32 else lin.uop(UOps.BITCAST, dtypes.uint32, (value,))
+  number = value if value.dtype == dtypes.float32 else lin.uop(UOps.BITCAST, dtypes.float32, (value,))
   rounded = lin.alu(BinaryOps.ADD, dtypes.uint32, bits, lin.const(0x1000, dtypes.uint32))
   big = lin.alu(BinaryOps.AND, dtypes.uint32, rounded, lin.const(0xFFFFE000, dtypes.uint32))
-  small = lin.alu(BinaryOps.SUB, dtypes.float32, value, lin.uop(UOps.BITCAST, dtypes.float32, (big,)))
+  small = lin.alu(BinaryOps.SUB, dtypes.float32, number, lin.uop(UOps.BITCAST, dtypes.float32, (big,)))
   return big, lin.uop(UOps.BITCAST, dtypes.uint32, (small,))
 
 def _loaded(word: UOp) -> bool: return word.op is UOps.LOAD or (word.op is UOps.GEP and word.src[0].op is UOps.LOAD)

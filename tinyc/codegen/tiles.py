@@ -11,13 +11,14 @@ import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, cast
 from tinyc.dtype import dtypes
-from tinyc.helpers import prod
+from tinyc.helpers import ALLOW_TF32, prod
 from tinyc.ops import BinaryOps, MemBuffer
 from tinyc.shape.shapetracker import flatten_node, unflatten_node
 from tinyc.shape.symbolic import Node, NumNode
 from tinyc.codegen.uops import VECTOR_WIDTH, Fragment, UOp, UOps, Warpgroup
 from tinyc.codegen.kernel import LANES, AxisKind, TileLayout
 from tinyc.codegen.warpgroups import a_in_registers
+from tinyc.codegen.register_mma import THREE_TF32, tf32_split
 if TYPE_CHECKING: from tinyc.codegen.linearizer import Address, Linearizer, Scope
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ def mma(ctx: Linearizer, scope: Scope, accs: list[UOp], keys: list[tuple[int, ..
   two at once (ldmatrix.x4) along the first lane axis B spans, where it has an even size."""
   kernel, stage = ctx.kernel, cast(Node, scope.tile_stage)
   a_tile, b_tile = sorted(ctx.tiles.values(), key=lambda tile: -kernel.full_shape[_warp_axis(ctx, tile)])  # A spans WARP 8 (M)
+  dtype = kernel.bufs[a_tile.number].dtype
   fragment_axes = kernel.axes(AxisKind.FRAGMENT)
   others = [axis for axis in scope.lane_axes if axis not in fragment_axes]
   paired = next((axis for axis in others if axis in kernel.tile_axes(b_tile.number) and kernel.full_shape[axis] % 2 == 0), None)
@@ -195,7 +197,11 @@ def mma(ctx: Linearizer, scope: Scope, accs: list[UOp], keys: list[tuple[int, ..
       b = fragment(ctx, b_tile, at | {paired: NumNode(2 * first)}, stage, paired)[2 * second:][:2]
     quad = [accs[keys.index(tuple(cast(NumNode, (at | dict(zip(fragment_axes, map(NumNode, corner))))[axis]).b for axis in key_axes))]
             for corner in ((0, 0), (0, 1), (1, 0), (1, 1))]
-    ctx.uop(UOps.WMMA, None, (*a, *b, *quad), kernel.bufs[a_tile.number].dtype, pure=False)
+    if dtype != dtypes.float32 or ALLOW_TF32: ctx.uop(UOps.WMMA, None, (*a, *b, *quad), dtype, pure=False)
+    else:  # float32 as 3xTF32 (register_mma.py), each register split once however many mmas read it (the linearizer dedups)
+      a_parts, b_parts = [tf32_split(ctx, x) for x in a], [tf32_split(ctx, x) for x in b]
+      for a_part, b_part in THREE_TF32:
+        ctx.uop(UOps.WMMA, None, (*[x[a_part] for x in a_parts], *[x[b_part] for x in b_parts], *quad), dtype, pure=False)
 
 def wgmma(ctx: Linearizer, scope: Scope, accs: list[UOp], keys: list[tuple[int, ...]], key_axes: list[int]) -> None:
   """Accumulate on tensor cores by warpgroups (WARPGROUP): for each unrolled step of K, one wgmma m64nNk16 (k8 for TF32) of the

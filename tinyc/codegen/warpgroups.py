@@ -2,7 +2,7 @@
 A function here takes the Kernel as it is being optimized (`self`: it reads the kernel's fields as its methods do)."""
 from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence, cast
-from tinyc.helpers import prod
+from tinyc.helpers import ALLOW_TF32, prod
 from tinyc.shape.symbolic import sint
 from tinyc.codegen.axes import TC_DTYPES, AxisKind, KernelOptError, Opt
 if TYPE_CHECKING: from tinyc.codegen.kernel import Kernel
@@ -35,6 +35,8 @@ def check_warpgroup(self: Kernel, opt: Opt) -> None:
          opt, "WARPGROUP needs one UPCAST axis along N, of at most 32 mma tiles")
   check_opt(not self.axes(AxisKind.GROUP) and self.size_of(AxisKind.UNROLL, AxisKind.TC) * self.bufs[a].dtype.itemsize == 128, opt,
          "WARPGROUP needs 128 bytes of K a trip (UNROLL), and no GROUP")
+  check_opt(self.bufs[b].dtype in TC_DTYPES or bool(ALLOW_TF32), opt, "WARPGROUP reads B from local memory, where float32 is not split "
+         "into 3xTF32's two parts (TF32 alone with ALLOW_TF32=1)")
   check_opt(self.bufs[b].dtype in TC_DTYPES or along_k(self, b), opt, "WARPGROUP reads TF32 values only along K: B is not contiguous along K "
          "(the other TC choice, M and N swapped, may be)")
   for number in (a, b):
