@@ -5,8 +5,9 @@
 Rows come in groups, each under a header line: bandwidth, the square matmul and conv2d rows, matmul in every layout and dtype,
 batched and weight-gradient matmuls, conv2d forward and both gradients, and TF32.
 
-The GEMM groups compare like with like: fp32 without TF32 on both sides (torch.backends.cuda.matmul.allow_tf32 and
-torch.backends.cudnn.allow_tf32 off; cuBLAS's reduced-precision-reduction settings left at their defaults), fp16/bf16 against
+The GEMM groups compare like with like: fp32 at float32's accuracy on both sides (torch.backends.cuda.matmul.allow_tf32 and
+torch.backends.cudnn.allow_tf32 off; cuBLAS's reduced-precision-reduction settings left at their defaults; tinyc on CUDA runs
+float32 products on tensor cores as 3xTF32, about 21 bits a product, where cuBLAS uses the float32 cores), fp16/bf16 against
 torch's own fp16/bf16 matmul and cuDNN convolution (tinyc accumulates 16-bit sums in fp32), and the TF32 row with TF32 on both.
 
 Bandwidth counts bytes read + written; the ceilings are the H200's (device copy 4.1 TB/s, cuBLAS fp32 49.5 TFLOP/s without

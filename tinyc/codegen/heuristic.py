@@ -32,6 +32,7 @@ stores, and the runtime's work-group size.
 """
 from __future__ import annotations
 from typing import Callable
+from tinyc.dtype import dtypes
 from tinyc.helpers import ALLOW_TF32, NOOPT, all_int, prod
 from tinyc.ops import MemBuffer
 from tinyc.codegen.kernel import AxisKind, Kernel, Opt, OptOps
@@ -189,6 +190,10 @@ GPU_THREADS = 1 << 18  # threads that keep an H200 busy (132 SMs x 2048)
 # then from 128: batched 32 x 1024 x 1024 x 128 (attention scores) 0.21x -> 1.19x, 1024 x 1024 x 512 0.92x -> 1.26x, 4096 x 4096 x
 # 256 0.64x -> 1.04x; the GPT train step (widths under 256) unchanged
 STAGED_MIN_REDUCE = 128
+# the shortest reduce a float32 matmul takes onto tensor cores as 3xTF32 (three mmas a step): H200, the float32 cores' plan -> 3xTF32,
+# TFLOP/s: Winograd's 36 products of a 3x3 conv over K 64 channels (N64 C64 56x56) forward 62.1 -> 54.8, input gradient 62.8 -> 53.9;
+# over K 256 (N64 C256 14x14) 89.2 -> 88.6 and 87.1 -> 85.9; the GPT bench's matmuls over K 384 and more 1.0-1.6x faster
+THREE_TF32_MIN_REDUCE = 256
 
 def _gpu_optimizations(kernel: Kernel, inputs: list[int]) -> None:
   outputs = kernel.size_of(AxisKind.GLOBAL, AxisKind.LOCAL)
@@ -321,6 +326,7 @@ def _tensor_core_plan(kernel: Kernel) -> bool:
   about 700, with clusters sharing tiles): 388-409 TFLOP/s in every layout with 2 x 4 warps, 320-345 with 2 x 2, 310 with 2 x 2
   warps and 64 bytes a trip. Before the stages had split barriers (a barrier of every thread each trip), 2 x 4 warps gave 310."""
   if not (operands := kernel.tensor_core_operands()): return False
+  if kernel.bufs[operands[0]].dtype == dtypes.float32 and not ALLOW_TF32 and kernel.size_of(AxisKind.REDUCE) < THREE_TF32_MIN_REDUCE: return False
   def padded(chosen: set[int] | None, n_width: int = 0) -> Kernel:  # M and N to whole work-group tiles where that wastes little, K to whole trips
     trial = kernel.copy()
     for position, axis in enumerate(trial.axes(AxisKind.GLOBAL) + trial.axes(AxisKind.REDUCE)):  # PADTO counts GLOBAL, then REDUCE axes
