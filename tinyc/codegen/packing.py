@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 from tinyc.dtype import INTS, DType, dtypes
 from tinyc.ops import BinaryOps, BufferOps, LazyOp
 from tinyc.shape.symbolic import Node, NumNode, simplify_given_valid
+from tinyc.codegen.axes import AxisKind
 from tinyc.codegen.uops import PYTHON_ALU, UOp, UOps
 if TYPE_CHECKING:
   from tinyc.codegen.kernel import Kernel
@@ -25,12 +26,19 @@ def packed_axis(kernel: Kernel, reduceop: LazyOp, key_axes: list[int], unrolled:
   Where no key axis packs, one of `unrolled` (the reduce's own lanes) that an input is contiguous along: each accumulator is then a
   vector of partial sums, which horizontal() adds up after the loop."""
   if reduceop.dtype not in PACKED_DTYPES: return None
+  if rows := [axis for axis in key_axes if kernel.kinds[axis] is AxisKind.UPCAST and kernel.full_shape[axis] >= kernel.target.vector_lanes
+              and axis in nested_rows(kernel)]: return rows[-1]
   inputs = [kernel.bufs.index(node.arg) for node in reduceop.src[0].walk() if node.op is BufferOps.LOAD]
   def stride(number: int, axis: int) -> int | None: return kernel.sts[number].real_strides(ignore_valid=True)[axis]
   contiguous = [axis for axis in key_axes if any(stride(number, axis) == 1 for number in inputs)]
   if contiguous: return max(reversed(contiguous), key=lambda axis: (stride(0, axis) == 1, kernel.full_shape[axis]))
   powers = [axis for axis in unrolled or [] if (size := kernel.full_shape[axis]) > 1 and size & (size - 1) == 0]  # (halves all the way)
   return next((axis for axis in powers if any(stride(number, axis) == 1 for number in inputs)), None)
+
+def nested_rows(kernel: Kernel) -> set[int]:
+  """The axes a kernel's nested contractions vary along (attention's rows: queries, heads, batch); rows upcast by a vector register's
+  lanes (nested_plan.rows_in_lanes) are the axis every reduce of the kernel packs along: a key's scores are one vector of rows."""
+  return set().union(*[kernel.value_axes(kernel.reduceops[number]) for number in kernel.nested_contractions()])
 
 def horizontal(lin: Linearizer, op: BinaryOps, vectors: list[UOp]) -> list[UOp]:
   """Each vector's lanes folded by `op` into one value, for many vectors at once: pairs of vectors of r keys each become one of 2r

@@ -17,6 +17,7 @@ import llvmlite.binding as llvm
 from tinyc.helpers import CPU_THREADS, DEBUG
 from tinyc.device import Allocator, Compiled, CompileError
 from tinyc.codegen.cpu_split import split_range
+from tinyc.codegen.axes import CPU_MAX_UPCAST
 from tinyc.codegen.kernel import KernelTarget
 from tinyc.codegen.llvmir import LLVMLITE_LOCK, render_llvm
 
@@ -157,6 +158,6 @@ if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_forget_p
 
 def open_device() -> Compiled:
   compiler = LLVMCompiler()
-  target = KernelTarget(vector_lanes=16 if llvm.get_host_cpu_features().get("avx512f") else 8)
+  target = KernelTarget(vector_lanes=16 if llvm.get_host_cpu_features().get("avx512f") else 8, max_upcast=CPU_MAX_UPCAST)
   return Compiled("LLVM", HostAllocator(), render_llvm, compiler.compile, language="LLVM IR", compile_binary=compile_object, load=compiler.load,
                   arch=f"{llvm.get_host_cpu_name()} {host_features()} LLVM {llvm.llvm_version_info}", target=target)
