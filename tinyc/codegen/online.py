@@ -14,7 +14,7 @@ from tinyc.codegen.uops import UOp, UOps
 from tinyc.codegen.axes import AxisKind
 from tinyc.codegen.thread_reduce import group_reduce, lane_reduce
 from tinyc.codegen.register_mma import computed_by_mma, register_mma
-from tinyc.codegen.packing import pack, packed_axis
+from tinyc.codegen.packing import pack, packed_axis, rows_axis
 if TYPE_CHECKING:
   from tinyc.codegen.kernel import Kernel
   from tinyc.codegen.linearizer import Linearizer, Scope
@@ -123,8 +123,11 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, grouped: li
   keys = {reduce: list(itertools.product(*[range(kernel.full_shape[axis]) for axis in key_axes[reduce]])) for reduce in members}
   # on a CPU a sum's lanes of one key axis (the values' features) share a vector accumulator, as a plain reduce's (packing.py)
   # (an axis of the values alone: each row's rescaling multiplies the whole vector)
-  packed = {reduce: None if lin.threads or computed_by_mma(kernel, reduce) else
+  # where rows are in the lanes (packing.rows_axis), every member packs along them, the max too: each lane rescales by its own row's factor
+  rows = None if lin.threads or grouped else rows_axis(kernel, key_axes[group.peak])
+  packed = {reduce: rows if rows is not None else None if lin.threads or computed_by_mma(kernel, reduce) else
             packed_axis(kernel, reduce, [axis for axis in key_axes[reduce] if axis not in key_axes[group.peak]]) for reduce in group.sums}
+  if rows is not None: packed[group.peak] = rows
   acc_axes = {reduce: [axis for axis in key_axes[reduce] if axis != packed.get(reduce)] for reduce in members}
   acc_keys = {reduce: list(itertools.product(*[range(kernel.full_shape[axis]) for axis in acc_axes[reduce]])) for reduce in members}
   accs = {reduce: lin.define_accs(reduce, len(acc_keys[reduce]), kernel.full_shape[axis] if (axis := packed.get(reduce)) is not None else 1)
@@ -161,7 +164,16 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, grouped: li
     return lin.alu(BinaryOps.MUL, kind, value, pack(lin.uop, [factor] * kind.count))
   def peak_key(reduce: LazyOp, key: tuple[int, ...], axes: list[int] | None = None) -> tuple[int, ...]:  # the key's row's max
     return tuple(key[(key_axes[reduce] if axes is None else axes).index(a)] for a in key_axes[group.peak])
-  old = {key: lin.uop(UOps.LOAD, dtype, (acc,), pure=False) for key, acc in zip(keys[group.peak], accs[group.peak])}
+  def full_keys(reduce: LazyOp, acc_key: tuple[int, ...]) -> list[tuple[int, ...]]:  # the keys of an accumulator's lanes, in order
+    along = packed.get(reduce)
+    return [tuple(lane if axis == along else acc_key[acc_axes[reduce].index(axis)] for axis in key_axes[reduce])
+            for lane in range(kernel.full_shape[along] if along is not None else 1)]
+  def by_key(reduce: LazyOp, vectors: dict[tuple[int, ...], UOp]) -> dict[tuple[int, ...], UOp]:  # each key's lane of its accumulator's value
+    if packed.get(reduce) is None: return vectors
+    return {key: lin.uop(UOps.GEP, reduce.dtype, (vector,), lane) for acc_key, vector in vectors.items()
+            for lane, key in enumerate(full_keys(reduce, acc_key))}
+  old = by_key(group.peak, {key: lin.uop(UOps.LOAD, acc.dtype, (acc,), pure=False) for key, acc in zip(acc_keys[group.peak], accs[group.peak])})
+  trip_max = by_key(group.peak, trip_max)
   new = {key: lin.alu(BinaryOps.MAX, dtype, old[key], trip_max[key]) for key in keys[group.peak]}
   safe = {key: usable(peak) for key, peak in new.items()}
   scope.reduced[group.peak] = (tuple(key_axes[group.peak]), safe)  # the sums' inputs read the running max
@@ -170,13 +182,17 @@ def online_reduce(lin: Linearizer, group: OnlineGroup, outer: Scope, grouped: li
     by_mma = computed_by_mma(kernel, reduce)
     added = {} if by_mma else this_trip(reduce, BinaryOps.ADD)
     for key, acc in zip(acc_keys[reduce], accs[reduce]):
-      row = peak_key(reduce, key, acc_axes[reduce])
-      kept = rescaled(lin.uop(UOps.LOAD, acc.dtype, (acc,), pure=False), old[row], safe[row], scale)
+      loaded = lin.uop(UOps.LOAD, acc.dtype, (acc,), pure=False)
+      if packed.get(reduce) == rows is not None:  # a lane a row: each by its own row's factor (the vector ops pack() rebuilds)
+        kept = pack(lin.uop, [rescaled(value, old[row], safe[row], scale) for value, row in
+                              zip(by_key(reduce, {key: loaded}).values(), (peak_key(reduce, full) for full in full_keys(reduce, key)))])
+      else: kept = rescaled(loaded, old[peak_key(reduce, key, acc_axes[reduce])], safe[peak_key(reduce, key, acc_axes[reduce])], scale)
       lin.uop(UOps.STORE, None, (acc, kept if by_mma else lin.alu(BinaryOps.ADD, cast(DType, acc.dtype), kept, added[key])), pure=False)
     if by_mma: register_mma(lin, reduce, type(scope)(scope.bound, sorted(key_axes[reduce] + unrolled), scope.reduced), accs[reduce],
                             keys[reduce], key_axes[reduce])
   # the new max is stored last: C renderers name an accumulator's value by the accumulator, so every read of the old one comes first
-  for key, acc in zip(keys[group.peak], accs[group.peak]): lin.uop(UOps.STORE, None, (acc, new[key]), pure=False)
+  for key, acc in zip(acc_keys[group.peak], accs[group.peak]):
+    lin.uop(UOps.STORE, None, (acc, pack(lin.uop, [new[full] for full in full_keys(group.peak, key)])), pure=False)
   for loop in reversed(loops): lin.end(loop)
   results = {reduce: [lin.uop(UOps.LOAD, acc.dtype, (acc,), pure=False) for acc in accs[reduce]] for reduce in members}
   for reduce, along in packed.items():  # each key's lane of its accumulator

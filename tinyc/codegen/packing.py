@@ -26,8 +26,7 @@ def packed_axis(kernel: Kernel, reduceop: LazyOp, key_axes: list[int], unrolled:
   Where no key axis packs, one of `unrolled` (the reduce's own lanes) that an input is contiguous along: each accumulator is then a
   vector of partial sums, which horizontal() adds up after the loop."""
   if reduceop.dtype not in PACKED_DTYPES: return None
-  if rows := [axis for axis in key_axes if kernel.kinds[axis] is AxisKind.UPCAST and kernel.full_shape[axis] >= kernel.target.vector_lanes
-              and axis in nested_rows(kernel)]: return rows[-1]
+  if (rows := rows_axis(kernel, key_axes)) is not None: return rows
   inputs = [kernel.bufs.index(node.arg) for node in reduceop.src[0].walk() if node.op is BufferOps.LOAD]
   def stride(number: int, axis: int) -> int | None: return kernel.sts[number].real_strides(ignore_valid=True)[axis]
   contiguous = [axis for axis in key_axes if any(stride(number, axis) == 1 for number in inputs)]
@@ -35,10 +34,13 @@ def packed_axis(kernel: Kernel, reduceop: LazyOp, key_axes: list[int], unrolled:
   powers = [axis for axis in unrolled or [] if (size := kernel.full_shape[axis]) > 1 and size & (size - 1) == 0]  # (halves all the way)
   return next((axis for axis in powers if any(stride(number, axis) == 1 for number in inputs)), None)
 
-def nested_rows(kernel: Kernel) -> set[int]:
-  """The axes a kernel's nested contractions vary along (attention's rows: queries, heads, batch); rows upcast by a vector register's
-  lanes (nested_plan.rows_in_lanes) are the axis every reduce of the kernel packs along: a key's scores are one vector of rows."""
-  return set().union(*[kernel.value_axes(kernel.reduceops[number]) for number in kernel.nested_contractions()])
+def rows_axis(kernel: Kernel, key_axes: list[int]) -> int | None:
+  """The key axis of rows in a vector register's lanes, if any: an UPCAST of that many lanes or more that the kernel's nested
+  contractions vary along (attention's queries, nested_plan.rows_in_lanes). Every reduce of the kernel packs along it, online
+  softmax's max and sums too: a key's scores, probabilities and rescaling are one vector of rows."""
+  nested_rows = set().union(*[kernel.value_axes(kernel.reduceops[number]) for number in kernel.nested_contractions()])
+  return next((axis for axis in reversed(key_axes) if kernel.kinds[axis] is AxisKind.UPCAST and kernel.full_shape[axis] >= kernel.target.vector_lanes
+               and axis in nested_rows), None)
 
 def horizontal(lin: Linearizer, op: BinaryOps, vectors: list[UOp]) -> list[UOp]:
   """Each vector's lanes folded by `op` into one value, for many vectors at once: pairs of vectors of r keys each become one of 2r
