@@ -22,6 +22,18 @@ def arrays(*shapes, seed=0):
   rng = np.random.default_rng(seed)
   return [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
 
+def check_sdpa_against_torch(shape, seed, causal):
+  """SDPA's output and its three gradients (of the sum of the output times a random tensor) against torch's, in float32."""
+  arrays_ = arrays(*[shape] * 4, seed=seed)
+  leaves = [Tensor(a, requires_grad=True) for a in arrays_[:3]]
+  out = leaves[0].scaled_dot_product_attention(leaves[1], leaves[2], is_causal=causal)
+  (out * Tensor(arrays_[3])).sum().backward()
+  reference = [torch.tensor(a, requires_grad=True) for a in arrays_[:3]]
+  want = torch.nn.functional.scaled_dot_product_attention(*reference, is_causal=causal)
+  (want * torch.tensor(arrays_[3])).sum().backward()
+  for got, expected in zip([out] + [leaf.grad for leaf in leaves], [want] + [r.grad for r in reference]):
+    np.testing.assert_allclose(got.numpy(), expected.detach().numpy(), rtol=1e-3, atol=1e-4)
+
 def items_of(*tensors):
   return [item for item in create_schedule([t.lazydata for t in tensors]) if item.ast.op not in LoadOps]
 
@@ -143,15 +155,7 @@ def test_a_cpu_upcasts_the_heads_by_2_where_a_keys_scores_are_few_products(head_
   q, k, v = (Tensor.empty(2, 4, 64, head_dim) for _ in range(3))
   (item,) = items_of(q.scaled_dot_product_attention(k, v, is_causal=True))
   assert hand_coded_optimizations(Kernel(item.ast, KernelTarget(max_upcast=256))) == opts
-  arrays_ = arrays(*[(2, 2, 37, head_dim)] * 4, seed=head_dim)
-  leaves = [Tensor(a, requires_grad=True) for a in arrays_[:3]]
-  out = leaves[0].scaled_dot_product_attention(leaves[1], leaves[2], is_causal=True)
-  (out * Tensor(arrays_[3])).sum().backward()
-  reference = [torch.tensor(a, requires_grad=True) for a in arrays_[:3]]
-  want = torch.nn.functional.scaled_dot_product_attention(*reference, is_causal=True)
-  (want * torch.tensor(arrays_[3])).sum().backward()
-  for got, expected in zip([out] + [leaf.grad for leaf in leaves], [want] + [r.grad for r in reference]):
-    np.testing.assert_allclose(got.numpy(), expected.detach().numpy(), rtol=1e-3, atol=1e-4)
+  check_sdpa_against_torch((2, 2, 37, head_dim), seed=head_dim, causal=True)
 
 @pytest.mark.parametrize("mask", ["causal", "none"])
 def test_a_cpus_online_sums_accumulate_the_features_as_vectors(mask, tinyc_device):
@@ -164,15 +168,7 @@ def test_a_cpus_online_sums_accumulate_the_features_as_vectors(mask, tinyc_devic
   hand_coded_optimizations(kernel)
   widths = [uop.dtype.count for uop in Linearizer(kernel).linearize() if uop.op is UOps.DEFINE_ACC]
   assert widths.count(32) == 8 and set(widths) == {1, 32}, widths  # 2 heads x 4 queries, a vector of 32 features each
-  arrays_ = arrays(*[(1, 3, 40, 32)] * 4, seed=7)
-  leaves = [Tensor(a, requires_grad=True) for a in arrays_[:3]]
-  out = leaves[0].scaled_dot_product_attention(leaves[1], leaves[2], is_causal=mask == "causal")
-  (out * Tensor(arrays_[3])).sum().backward()
-  reference = [torch.tensor(a, requires_grad=True) for a in arrays_[:3]]
-  want = torch.nn.functional.scaled_dot_product_attention(*reference, is_causal=mask == "causal")
-  (want * torch.tensor(arrays_[3])).sum().backward()
-  for got, expected in zip([out] + [leaf.grad for leaf in leaves], [want] + [r.grad for r in reference]):
-    np.testing.assert_allclose(got.numpy(), expected.detach().numpy(), rtol=1e-3, atol=1e-4)
+  check_sdpa_against_torch((1, 3, 40, 32), seed=7, causal=mask == "causal")
 
 @pytest.mark.parametrize("queries", [48, 40])
 def test_a_cpus_attention_puts_a_vector_of_queries_in_the_lanes(queries, tinyc_device):
@@ -192,15 +188,7 @@ def test_a_cpus_attention_puts_a_vector_of_queries_in_the_lanes(queries, tinyc_d
     assert (Opt(OptOps.UPCAST, 1, 16) in opts) == (queries % 16 == 0), opts
     widths = {uop.dtype.count for uop in Linearizer(kernel).linearize() if uop.op is UOps.DEFINE_ACC}
     if queries % 16 == 0: assert widths == {16}, (kernel.name, widths)
-  arrays_ = arrays(*[(1, 3, queries, 32)] * 4, seed=queries)
-  leaves = [Tensor(a, requires_grad=True) for a in arrays_[:3]]
-  out = leaves[0].scaled_dot_product_attention(leaves[1], leaves[2], is_causal=True)
-  (out * Tensor(arrays_[3])).sum().backward()
-  reference = [torch.tensor(a, requires_grad=True) for a in arrays_[:3]]
-  want = torch.nn.functional.scaled_dot_product_attention(*reference, is_causal=True)
-  (want * torch.tensor(arrays_[3])).sum().backward()
-  for got, expected in zip([out] + [leaf.grad for leaf in leaves], [want] + [r.grad for r in reference]):
-    np.testing.assert_allclose(got.numpy(), expected.detach().numpy(), rtol=1e-3, atol=1e-4)
+  check_sdpa_against_torch((1, 3, queries, 32), seed=queries, causal=True)
 
 def test_a_reduce_nested_in_anothers_loop_counts_its_own_lanes(tinyc_device):
   """The upcast limit counts the lanes of the widest place in the code: the scores, computed in the loop over the keys, are made once
