@@ -422,13 +422,16 @@ def test_the_long_reduce_of_a_weight_gradient_splits(device):
   """On a device with work-groups, x.T @ grad over 4096 tokens into 512 x 256 outputs runs as 16 partial products (parts outermost),
   then their sum (split-K: outputs to fill the GPU); on a CPU too, so that each part's operands, 256 tokens of both (768 KB), fit
   CPU_SPLIT_K_BYTES (a core's cache). A CPU's 128 x 128 over 1024 tokens (1 MB) keeps one kernel, as a matmul with many outputs
-  does (a CPU copies a 2048-wide right operand contiguous along the reduce first)."""
+  does (a CPU copies a 2048-wide right operand contiguous along the reduce first), and a sum of an elementwise product."""
   if not Device.usable(device): pytest.skip(f"{device} is not usable here")
   x, grad, square = (Tensor.empty(*shape, device=device) for shape in ((4096, 512), (4096, 256), (2048, 2048)))
   items = kernel_items(x.T @ grad)
   assert [item.outs[0].shape for item in items] == [(16, 512, 256, 1), (512, 256, 1)]
   assert len(kernel_items(square @ square)) == (1 if device == "GPU" else 2)  # 4M outputs fill the GPU as they are
-  if device == "LLVM": assert len(kernel_items(Tensor.empty(1024, 128, device=device).T @ Tensor.empty(1024, 128, device=device))) == 1
+  if device == "LLVM":
+    assert len(kernel_items(Tensor.empty(1024, 128, device=device).T @ Tensor.empty(1024, 128, device=device))) == 1
+    # a sum of an elementwise product (layernorm's weight gradient) reads each element once: no cache to block for, one kernel
+    assert len(kernel_items((Tensor.empty(4096, 384, device=device) * Tensor.empty(4096, 1, device=device)).sum(0))) == 1
   (a, g), (ta, tg) = realized_inputs((2048, 64), (2048, 256))
   np.testing.assert_allclose((ta.to(device).T @ tg.to(device)).numpy(), a.T @ g, rtol=1e-4, atol=1e-3)
 

@@ -163,12 +163,14 @@ def _reduce_split(shape: tuple[int, ...], axis: tuple[int, ...]) -> tuple[int, i
 CPU_SPLIT_K_REDUCE, CPU_SPLIT_K_BYTES, CPU_SPLIT_K_MIN = 1024, 1 << 20, 256
 
 def _cache_split(product: LazyBuffer, axis: tuple[int, ...], per_output: int) -> tuple[int, int] | None:
-  """(dim, parts) to split a CPU's long sum of products at (CPU_SPLIT_K_BYTES), or None: the outermost reduced dim that has such a
-  number of parts (a weight gradient over (batch, tokens) splits the batch), else the longest; the fewest parts that fit."""
+  """(dim, parts) to split a CPU's long sum of products at (CPU_SPLIT_K_BYTES), or None: a matmul's (each operand read again along an
+  output dim), at the outermost reduced dim that has such a number of parts (a weight gradient over (batch, tokens) splits the
+  batch), else the longest; the fewest parts that fit."""
   if per_output < CPU_SPLIT_K_REDUCE: return None
-  # the operands' elements along one step of the reduce: each one's own (not broadcast) other dims (M for A, N for B)
-  row = sum(prod(size for dim, (size, stride) in enumerate(zip(src.shape, src.st.real_strides())) if dim not in axis and stride != 0)
-            for src in product.srcs)
+  outer = [[(size, stride) for dim, (size, stride) in enumerate(zip(src.shape, src.st.real_strides())) if dim not in axis] for src in product.srcs]
+  # a matmul's operands are each read again along an output dim (broadcast); a sum of an elementwise product reads each element once
+  if not all(any(stride == 0 and size > 1 for size, stride in dims) for dims in outer): return None
+  row = sum(prod(size for size, stride in dims if stride != 0) for dims in outer)  # the operands' elements a step of the reduce: M + N
   if (total := per_output * row * product.dtype.itemsize) <= CPU_SPLIT_K_BYTES: return None
   def fitting(dim: int) -> int | None:
     return next((d for d in range(2, product.shape[dim] + 1) if product.shape[dim] % d == 0 and total // d <= CPU_SPLIT_K_BYTES
