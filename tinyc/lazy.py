@@ -89,7 +89,7 @@ class LazyBuffer:
     """(dim, parts) to split a sum of products at on a GPU, or None: one with too many outputs for a work-group each (GROUP) and
     too few for the GPU's matmul tiles, with a long reduce (a weight gradient over 4096 tokens into 512 x 512, a conv's over the
     batch and the image), in as few parts of the longest reduced dim as make SPLIT_K_OUTPUTS outputs, each of SPLIT_K_MIN products
-    or more (so the staged and tensor-core plans still apply)."""
+    or more (so the staged and tensor-core plans still apply). On a CPU, the split for the cache instead (_cache_split)."""
     if op is not ReduceOps.SUM or self._base is not None or self.op is not BinaryOps.MUL \
        or any(_reads_a_product(src) for src in self.srcs):  # attention's probabilities: the parts' view of them is no nesting (rule 10)
       return None
