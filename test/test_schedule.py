@@ -471,6 +471,31 @@ def test_a_gpu_does_not_split_causal_attention_that_reads_its_scores_by_many_pat
   shapes = [item.outs[0].shape for item in kernel_items(q.grad, k.grad, v.grad)]
   assert not [shape for shape in shapes if prod(shape) >= 512 * 512 * 48], shapes
 
+@pytest.mark.one_device
+def test_a_cpu_splits_a_weight_gradient_that_reads_an_mlps_hidden_layer_for_the_cache():
+  """A CPU's weight gradient of an MLP's second layer reads the hidden layer relu(x @ w1), a contraction over 128 inputs short enough
+  for rule 10 to nest; scheduled with the forward that reads it too, it is stored, and the gradient splits for the cache
+  (CPU_SPLIT_K_BYTES) in 8 parts, as one over any stored matmul does (the split-K guard against such operands is a GPU's). Checked
+  against numpy."""
+  (a, w, w2, g), (ta, tw, tw2, tg) = realized_inputs((2048, 128), (128, 512), (512, 128), (2048, 128))
+  ta, tw, tw2, tg = (t.to("LLVM") for t in (ta, tw, tw2, tg))
+  hidden = (ta @ tw).relu()
+  forward, gradient = hidden @ tw2, hidden.T @ tg
+  shapes = [item.outs[0].shape for item in kernel_items(forward, gradient)]
+  assert shapes == [(2048, 512), (2048, 128, 1), (8, 512, 128, 1), (512, 128, 1)], shapes
+  Tensor.corealize([forward, gradient])
+  np.testing.assert_allclose(gradient.numpy(), np.maximum(a @ w, 0).T @ g, rtol=1e-4, atol=1e-2)
+
+@pytest.mark.one_device
+def test_a_cpus_cross_attention_stores_no_probabilities():
+  """Attention's matmuls never split for the cache (scaled_dot_product_attention builds them with PACK=0): 4096 queries over 512 keys
+  would split dv's sum over the queries into parts of 9.4 MB / 16, each storing its part of the 4096 x 512 probabilities."""
+  q = Tensor.empty(1, 1, 4096, 64, device="LLVM", requires_grad=True)
+  k, v = (Tensor.empty(1, 1, 512, 64, device="LLVM", requires_grad=True) for _ in range(2))
+  (q.scaled_dot_product_attention(k, v) * Tensor.empty(1, 1, 4096, 64, device="LLVM")).sum().backward()
+  shapes = [item.outs[0].shape for item in kernel_items(q.grad, k.grad, v.grad)]
+  assert not [shape for shape in shapes if prod(shape) >= 4096 * 512], shapes
+
 def test_contiguous_of_an_unrealized_value_is_stored(kernels):
   (a, b), (ta, tb) = realized_inputs((16,), (32,))
   # rule 5: without contiguous() the single reader recomputes a + 1 inside its reduce (one kernel); with it, a + 1 is stored first

@@ -94,7 +94,8 @@ CPU_THREADS = ContextVar("CPU_THREADS", 0)  # threads a CPU kernel may use; 0: o
 ALLOW_TF32 = ContextVar("ALLOW_TF32", 0)  # 1: float32 matmuls may run on TF32 tensor cores (10-bit mantissas in the products), as torch's allow_tf32
 PROFILE = ContextVar("PROFILE", "")  # 1: record a trace and print a summary at exit (profiler.py); a path other than 1: the trace goes there
 PARALLEL_BUILD = ContextVar("PARALLEL_BUILD", 4)  # a schedule with this many new kernels builds them in worker processes at once; 0: never
-PACK = ContextVar("PACK", 1)  # 0: a matmul reads its operands as they are, never through a copy contiguous along the reduce (tensor_nn.py)
+PACK = ContextVar("PACK", 1)  # 0: a matmul reads its operands as they are (tensor_nn.py), never through a copy contiguous along
+# the reduce, and a CPU does not split its sum for the cache (lazy.py)
 WINOGRAD = ContextVar("WINOGRAD", 1)  # 0: float32 3x3 convs run directly, never by Winograd's transforms (tensor_winograd.py)
 AUTOCAST = ContextVar("AUTOCAST", "")  # float16 or bfloat16: matmuls and convs compute in it, as inside `tinyc.autocast(...)` (amp.py)
 CHECK_INDEX = ContextVar("CHECK_INDEX", 1)  # 0: index tensors are not checked for out-of-range values (index_check.py), which then read 0

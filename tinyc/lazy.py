@@ -7,7 +7,7 @@ import functools, math
 from typing import Any
 import numpy as np
 from tinyc.dtype import DType, dtypes
-from tinyc.helpers import all_int, prod
+from tinyc.helpers import PACK, all_int, prod
 from tinyc.ops import BinaryOps, LoadOps, Op, ReduceOps, TernaryOps, UnaryOps
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.device import Buffer, Device
@@ -89,12 +89,14 @@ class LazyBuffer:
     """(dim, parts) to split a sum of products at on a GPU, or None: one with too many outputs for a work-group each (GROUP) and
     too few for the GPU's matmul tiles, with a long reduce (a weight gradient over 4096 tokens into 512 x 512, a conv's over the
     batch and the image), in as few parts of the longest reduced dim as make SPLIT_K_OUTPUTS outputs, each of SPLIT_K_MIN products
-    or more (so the staged and tensor-core plans still apply). On a CPU, the split for the cache instead (_cache_split)."""
-    if op is not ReduceOps.SUM or self._base is not None or self.op is not BinaryOps.MUL \
-       or any(_reads_a_product(src) for src in self.srcs):  # attention's probabilities: the parts' view of them is no nesting (rule 10)
-      return None
+    or more (so the staged and tensor-core plans still apply). On a CPU, the split for the cache instead (_cache_split), unless PACK=0
+    (attention's matmuls)."""
+    if op is not ReduceOps.SUM or self._base is not None or self.op is not BinaryOps.MUL: return None
     per_output = prod(self.shape[a] for a in axis)
-    if not Device[self.device].target.has_local: return _cache_split(self, axis, per_output)
+    if not Device[self.device].target.has_local: return _cache_split(self, axis, per_output) if PACK else None
+    # attention's probabilities: the parts' view of them is no nesting (rule 10). Not a CPU's guard: there the operand is mostly stored
+    # anyway (a GPT's MLP hidden layer, read by the forward too), and attention builds its matmuls with PACK=0
+    if any(_reads_a_product(src) for src in self.srcs): return None
     if per_output < 2 * SPLIT_K_MIN or not SPLIT_K_MIN_OUTPUTS <= (outputs := prod(self.shape) // per_output) < SPLIT_K_OUTPUTS: return None
     def fits(dim: int) -> list[int]:
       return [d for d in range(2, self.shape[dim] + 1) if self.shape[dim] % d == 0 and per_output // d >= SPLIT_K_MIN]

@@ -252,7 +252,8 @@ class NNMixin:
     def peak(logits: Any) -> Any: return ((top := logits._reduce(F.Max, -1, True)) == -math.inf).where(0, top)  # (no keys: -inf)
     logits = scores(self, key, *[m.detach() for m in masks]).detach()
     weights = (logits - peak(logits)).exp()
-    out = (weights / weights.sum(-1, keepdim=True).maximum(1)) @ value.detach()
+    with Context(PACK=0):  # (and no split of the sum over the keys for a CPU's cache: its parts would store the probabilities)
+      out = (weights / weights.sum(-1, keepdim=True).maximum(1)) @ value.detach()
     def backward(grad: Any, q: Any, k: Any, v: Any, *mask: Any) -> list[Any | None]:
       shift = peak(logits := scores(q, k, *mask))
       lse = shift + (logits - shift).exp().sum(-1, keepdim=True).log()
@@ -260,7 +261,8 @@ class NNMixin:
       delta = (grad * out.detach()).sum(-1, keepdim=True)
       def probs() -> Any: return (scores(q, k, *mask) - lse).exp()
       def dscores() -> Any: return probs() * (grad @ v.transpose(-2, -1) - delta)
-      with Context(PACK=0):  # a copy of probs or dscores along the queries (a CPU matmul's packing) would store the T x T matrix
+      with Context(PACK=0):  # a copy of probs or dscores along the queries (a CPU matmul's packing), or a split of a sum over them
+        # for a CPU's cache, would store the T x T matrix
         grads = [(dscores() @ k) * scale, (dscores().transpose(-2, -1) @ q) * scale, probs().transpose(-2, -1) @ grad]
       return [g._sum_to(t.shape) for g, t in zip(grads, (q, k, v))] + [dscores()._sum_to(m.shape) if m.dtype != dtypes.bool else None for m in mask]
     return type(self)._composite(lambda *inputs: out, backward, self, key, value, *masks)
