@@ -175,7 +175,8 @@ def test_a_cpus_attention_puts_a_vector_of_queries_in_the_lanes(queries, lanes, 
   """On a CPU attention's kernels (nested contractions) upcast the queries (dk's and dv's keys) by a vector register's lanes and
   unroll the head dims whole: every reduce packs along those rows, so each accumulator (a key's scores, the running max and sums of
   online softmax, the probabilities' gradients, dq's features) is a vector of 16 rows (nested_plan.rows_in_lanes). 40 rows do not
-  divide by 16: the plan before (padded, such rows ran slower than that). Forward and backward against torch."""
+  divide by 16: the plan before (padded, such rows ran slower than that). The forward, whose online softmax rescales its sums once a
+  trip over the keys, unrolls them by 8. Forward and backward against torch."""
   target = KernelTarget(vector_lanes=16, max_upcast=CPU_MAX_UPCAST)
   q, k, v, upstream = (Tensor.empty(1, 3, queries, 32) for _ in range(4))
   leaves = [Tensor(t.lazydata, requires_grad=True) for t in (q, k, v)]
@@ -188,6 +189,8 @@ def test_a_cpus_attention_puts_a_vector_of_queries_in_the_lanes(queries, lanes, 
     assert (Opt(OptOps.UPCAST, 1, 16) in opts) == lanes, opts
     widths = {uop.dtype.count for uop in Linearizer(kernel).linearize() if uop.op is UOps.DEFINE_ACC}
     if lanes: assert widths == {16}, (kernel.name, widths)
+    forward = any(r.op is ReduceOps.MAX for r in kernel.reduceops)
+    if lanes: assert (opts[-1] == Opt(OptOps.UNROLL, 0, 8)) == forward, (kernel.name, opts)  # (the keys: after the head dims)
   check_sdpa_against_torch((1, 3, queries, 32), seed=queries, causal=True)
 
 def test_a_reduce_nested_in_anothers_loop_counts_its_own_lanes(tinyc_device):

@@ -109,5 +109,6 @@ CPU_TARGET = KernelTarget()
 MAX_UPCAST = 64
 # A GPU kernel may reach more: the staged matmul's 8x8 tile with 16 reduce elements a trip is 1024 lanes (64 accumulators).
 GPU_MAX_UPCAST = 1024
-# And a CPU's attention backward: 16 rows in a vector register's lanes by 64 features (nested_plan.rows_in_lanes)
-CPU_MAX_UPCAST = 1024
+# And a CPU's attention: 16 rows in a vector register's lanes by up to 128 features, 8 keys a trip (nested_plan.rows_in_lanes; 16
+# lanes are one vector op). BEAM keeps to SEARCH_MAX_UPCAST (search.py)
+CPU_MAX_UPCAST = 16384
