@@ -1,10 +1,11 @@
 """The LLVM backend runs a kernel's outermost global loop on several CPU threads: results do not depend on the thread count,
 the work really is split, small kernels and kernels without a global loop run on one thread, and failures do not hang."""
-import multiprocessing, signal, threading
+import ctypes, multiprocessing, signal, threading, time
 import numpy as np
 import pytest
 import tinyc.codegen.cpu_split as cpu_split
 import tinyc.runtime.ops_llvm as ops_llvm
+import tinyc.runtime.cpu_pool as cpu_pool
 from tinyc import Device, Tensor
 from tinyc.device import Programs
 from tinyc.codegen.kernel import Kernel
@@ -23,9 +24,9 @@ def record_runs(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[int, int]]]:
   monkeypatch.setattr(Device["LLVM"], "programs", Programs())
   runs: list[list[tuple[int, int]]] = []
   original = ops_llvm.run_ranges
-  def recording(function, pointers, ranges):  # type: ignore[no-untyped-def]
+  def recording(function, pointers, ranges, *address):  # type: ignore[no-untyped-def]
     runs.append(ranges)
-    original(function, pointers, ranges)
+    original(function, pointers, ranges, *address)
   monkeypatch.setattr(ops_llvm, "run_ranges", recording)
   return runs
 
@@ -58,13 +59,29 @@ def test_results_equal_numpy_and_each_other_for_any_thread_count(rows, split_run
       else: np.testing.assert_equal(results[threads][name], results[1][name], err_msg=f"{name}, {threads} threads")
   assert any(len(ranges) == 3 for ranges in split_runs), "CPU_THREADS=3 split no kernel in three"
 
-def test_the_outer_loop_is_split_into_contiguous_ranges_run_on_pool_threads(split_runs):
+def test_the_outer_loop_is_split_into_contiguous_ranges_run_on_native_workers(split_runs):
   x = np.arange(1001 * 3, dtype=np.float32).reshape(1001, 3)
   with Context(CPU_THREADS=3): np.testing.assert_equal((Tensor(x, device="LLVM") * 2).numpy(), x * 2)  # every range ran
   ranges = split_runs[-1]
   assert len(ranges) == 3 and ranges[0][0] == 0 and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])), ranges
   assert max(end - start for start, end in ranges) - min(end - start for start, end in ranges) <= 1, ranges
-  assert any(thread.name.startswith("tinyc-cpu") for thread in threading.enumerate())
+  pool = cpu_pool.native_pool(2)  # the two ranges after the caller's were two jobs, each finished (by a worker, or by the caller)
+  assert pool is not None and all(job[cpu_pool.DONE] == seq > 0 for job, seq in zip(pool.jobs[:2], pool.seqs)), pool and pool.seqs
+
+def test_a_job_no_worker_takes_is_run_by_the_caller():
+  """The caller claims each job a worker has not (a worker asleep; here one that has stopped) and runs it itself: a kernel's ranges
+  never wait for a sleeping worker. A doubling kernel split in two, its second range left to a pool whose worker has exited."""
+  source = render_llvm("doubling_stolen", doubling_uops(Loop("rows", vectorize=False, outermost_global=True)))
+  Device["LLVM"].compile("doubling_stolen", source)  # (a second engine would take the process's target machine with it when freed)
+  pool = cpu_pool.NativePool(1)
+  pool.stop()
+  time.sleep(0.05)  # the worker sees the stop within 10 ms (its longest sleep) and exits
+  values = np.arange(64, dtype=np.float32)
+  inp, out = Buffer("LLVM", 64, dtypes.float32).copyin(values), Buffer("LLVM", 64, dtypes.float32)
+  address = Device["LLVM"].compile.__self__.cache[source]
+  pool.run(ctypes.CFUNCTYPE(None)(address), address, [out.opaque, inp.opaque], [(0, 32), (32, 64)])
+  np.testing.assert_equal(out.numpy(), values * 2)
+  assert pool.jobs[0][cpu_pool.DONE] == pool.jobs[0][cpu_pool.CLAIM] == 1
 
 def test_split_range_covers_the_range_with_enough_rows_each():
   for rows in (1, 2, 7, 13, 1001):

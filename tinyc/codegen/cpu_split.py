@@ -3,18 +3,16 @@ One rule for three users: the LLVM renderer gives such a kernel [start, end) arg
 as the kernel's global size, and runtime/ops_llvm.py calls the kernel on ranges of it from a thread pool.
 
 Only kernels worth it are split: a kernel with constant loop bounds compiles about twice as fast (LLVM unrolls it instead of
-emitting vector code with remainder loops and runtime checks), and waking a pool thread costs more than a small kernel runs.
+emitting vector code with remainder loops and runtime checks), and handing a range to a thread costs more than a tiny kernel runs.
 """
 from __future__ import annotations
 from tinyc.ops import UnaryOps
 from tinyc.codegen.uops import UOp, UOps, executed
 
-# Waking a pool thread for a range and joining it costs 30-90 us (measured on a 2-core KVM guest), so a thread's share should be
-# several times that. There, two threads ran a 384x384 matmul (265M ops) 1.2-1.5x faster, a 256x256 one (79M) no faster, and
-# made a 1M-element a*a+a (4M) or a 4x4 kernel slower. 16M ops is ~0.1 ms of one core in a matmul, ~0.5 ms in exp or copies: from
-# 32M to 16M, a GELU's backward of 1M elements (35M) ran 1.5-1.8 -> 1.0 ms, a softmax (2048, 512) 1.5-1.6 -> 1.2-1.4, a tanh-gelu
-# of 1M 0.9-1.1 -> 0.86-0.94 (a*a+a of 1M and a 256 matmul unchanged; 8M was no better than 16M).
-CPU_WORK_PER_THREAD = 16 << 20  # ALU ops, loads and stores executed
+# Handing a range to a native worker (runtime/cpu_pool.py) costs about 3 us, so a thread's share need only be a few times that: from
+# 16M ops (when a Python pool thread's wake-up cost 30-90 us) to 1M, the CPU GPT bench's step 53.9-55.5 -> 46.5-47.0 ms (2-core
+# AVX-512 guest; 4M 50.8-51.3, 256K 46.9-47.6). 1M ops is ~10 us of one core in a matmul, ~30 us in exp or copies.
+CPU_WORK_PER_THREAD = 1 << 20  # ALU ops, loads and stores executed
 
 # the ALU ops the LLVM renderer writes for one of these (llvmir._exp2, _log2: a range reduction, a polynomial, the special cases)
 INLINE_ALU_OPS = {UnaryOps.EXP2: 20, UnaryOps.LOG2: 30}

@@ -20,6 +20,7 @@ from tinyc.codegen.cpu_split import split_range
 from tinyc.codegen.axes import CPU_MAX_UPCAST
 from tinyc.codegen.kernel import KernelTarget
 from tinyc.codegen.llvmir import LLVMLITE_LOCK, render_llvm
+from tinyc.runtime.cpu_pool import MAX_ARGS, native_pool
 
 class HostMemory:
   """A block of CPU memory: a numpy byte array (64-byte aligned, for aligned vector loads) and its address, which ctypes passes for it
@@ -106,13 +107,18 @@ def make_runner(address: int) -> Callable[..., float | None]:
     for one that runs on one thread (see codegen/cpu_split.py)."""
     started = time.perf_counter() if wait else 0.0
     if global_size is None: function(*args)
-    else: run_ranges(function, args, split_range(global_size[0], (local_size or global_size)[0], cpu_threads()))
+    else: run_ranges(function, args, split_range(global_size[0], (local_size or global_size)[0], cpu_threads()), address)
     return time.perf_counter() - started if wait else None
   return run
 
-def run_ranges(function: Callable[..., None], pointers: list[Any], ranges: list[tuple[int, int]]) -> None:
-  """function(*pointers, start, end) for every range at once: the first on this thread, the others on pool threads. Returns when
-  all have finished, so no thread still writes a buffer after its kernel has returned."""
+def run_ranges(function: Callable[..., None], pointers: list[Any], ranges: list[tuple[int, int]], address: int | None = None) -> None:
+  """function(*pointers, start, end) for every range at once: the first on this thread, the others on other threads. Returns when
+  all have finished, so no thread still writes a buffer after its kernel has returned. A compiled kernel (its `address` given)
+  runs on the native workers (cpu_pool.py) where they are free; anything else, or a second caller meanwhile, on Python threads."""
+  if address is not None and len(ranges) > 1 and len(pointers) <= MAX_ARGS and (native := native_pool(len(ranges) - 1)) is not None \
+     and native.lock.acquire(blocking=False):
+    try: return native.run(function, address, pointers, ranges)
+    finally: native.lock.release()
   bounds = [(ctypes.c_int64(start), ctypes.c_int64(end)) for start, end in ranges]
   futures: list[concurrent.futures.Future] = []
   if len(bounds) > 1:
