@@ -1,4 +1,4 @@
-"""Layer 4: native worker threads for CPU kernels split into ranges. Imports nothing of tinyc; llvmlite.binding and ctypes.
+"""Layer 4: native worker threads for CPU kernels split into ranges. Imports nothing of tinyc; ops_llvm compiles its IR.
 
 Handing a range to a Python pool thread and joining it cost 85 us on the 2-core KVM guest (two wake-ups of a sleeping vCPU, each an
 interrupt through the hypervisor), against 3.4 us for running a kernel on the calling thread: 40 split kernels a CPU GPT step paid it.
@@ -11,7 +11,7 @@ delays a kernel, it only leaves the caller the work. Every wait is native code c
 """
 from __future__ import annotations
 import atexit, ctypes, os, threading
-from typing import Any
+from typing import Any, Callable
 
 MAX_ARGS = 64
 # ~1-5 ms of spinning after a job (pause takes 10-140 cycles), then sleeps: the caller's wait for a range reads every POLL_US, an
@@ -20,7 +20,7 @@ SPIN_TRIPS, POLL_US, IDLE_POLL_US = 1 << 15, 20, 10_000
 SEQ, CLAIM, DONE, FUNCTION, COUNT, START, END, ARGS = 0, 8, 16, 24, 25, 26, 27, 32  # words of a job; the first three a cache line each
 JOB_WORDS = ARGS + MAX_ARGS
 
-def _source(pause: bool) -> str:
+def pool_source(pause: bool) -> str:
   """The IR of the worker loop (`tinyc_worker`), of claiming and running a job (`tinyc_take`) and of the caller's wait (`tinyc_finish`)."""
   word = lambda job, index: f"getelementptr i64, ptr %{job}, i64 {index}"  # noqa: E731
   loads = "".join(f"  %a{i}p = {word('job', ARGS + i)}\n  %a{i} = load i64, ptr %a{i}p\n" for i in range(MAX_ARGS))  # (all: the job holds them)
@@ -113,39 +113,35 @@ wait_from:
 """
 
 class NativePool:
-  """`workers` native threads, each with a job in memory that is never freed (a worker may read it until the process ends)."""
-  def __init__(self, workers: int) -> None:
-    import llvmlite.binding as llvm
-    from tinyc.runtime.ops_llvm import host_target_machine
-    machine = host_target_machine.__wrapped__()  # its own: an engine owns its target machine
-    module = llvm.parse_assembly(_source(pause=machine.triple.startswith(("x86_64", "i686"))))
-    module.verify()
-    self.engine = llvm.create_mcjit_compiler(module, machine)
-    self.engine.finalize_object()
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(self.engine))  # its code runs on the workers: never freed, not even at exit
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    self.publish, self.finish = (ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(self.engine.get_function_address(name))
+  """Native worker threads (as many as asked for so far), each with a job in memory that is never freed (a worker may read it until
+  the process ends). `functions`: the addresses of pool_source's functions, compiled (by ops_llvm.compile_pool) in code never freed."""
+  def __init__(self, functions: dict[str, int]) -> None:
+    self.worker = functions["tinyc_worker"]
+    self.libc = ctypes.CDLL(None, use_errno=True)
+    self.libc.malloc.restype, self.libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    self.publish, self.finish = (ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(functions[name])
                                  for name in ("tinyc_publish", "tinyc_finish"))
-    self.jobs, self.seqs, self.lock = [], [0] * workers, threading.Lock()
-    for _ in range(workers):
-      address = (libc.malloc(JOB_WORDS * 8 + 64) + 63) // 64 * 64
+    self.jobs, self.seqs, self.lock = list[Any](), list[int](), threading.Lock()  # (the lock: one caller at a time)
+    atexit.register(self.stop)
+
+  def grow(self, workers: int) -> None:
+    while len(self.jobs) < workers:
+      address = (self.libc.malloc(JOB_WORDS * 8 + 64) + 63) // 64 * 64
       ctypes.memset(address, 0, JOB_WORDS * 8)
       thread = ctypes.c_ulong()
-      if libc.pthread_create(ctypes.byref(thread), None, ctypes.c_void_p(self.engine.get_function_address("tinyc_worker")),
-                             ctypes.c_void_p(address)) != 0: raise OSError(ctypes.get_errno(), "pthread_create failed")
-      libc.pthread_detach(thread)
+      if self.libc.pthread_create(ctypes.byref(thread), None, ctypes.c_void_p(self.worker), ctypes.c_void_p(address)) != 0:
+        raise OSError(ctypes.get_errno(), "pthread_create failed")
+      self.libc.pthread_detach(thread)
       self.jobs.append((ctypes.c_int64 * JOB_WORDS).from_address(address))
-    atexit.register(self.stop)
+      self.seqs.append(0)
 
   def run(self, function: Any, address: int, args: list[Any], ranges: list[tuple[int, int]]) -> None:
     """function(*args, start, end) for every range: the first here, the others by the workers (or here, where none took them)."""
+    self.grow(len(ranges) - 1)
     values = [arg._as_parameter_.value if hasattr(arg, "_as_parameter_") else int(arg) for arg in args]
     for job, (start, end) in zip(self.jobs, ranges[1:]):
-      job[FUNCTION], job[COUNT], job[START], job[END] = address, len(values), start, end
-      job[ARGS:ARGS + len(values)] = values
-    published = list(range(len(ranges) - 1))
-    for worker in published:
+      job[FUNCTION:END + 1], job[ARGS:ARGS + len(values)] = (address, len(values), start, end), values
+    for worker in (published := range(len(ranges) - 1)):
       self.seqs[worker] += 1
       self.publish(ctypes.addressof(self.jobs[worker]), self.seqs[worker])  # (a release store: the job's words are seen first)
     try: function(*args, ctypes.c_int64(ranges[0][0]), ctypes.c_int64(ranges[0][1]))
@@ -157,13 +153,12 @@ class NativePool:
 
 _pool: list[NativePool | None] = []  # made on first use; [None] where it could not be made
 
-def native_pool(workers: int) -> NativePool | None:
-  """The process's native pool, if it has at least `workers` workers (CPU_THREADS may ask for more than it was made with: None then)."""
+def native_pool(compile_pool: Callable[[], dict[str, int]]) -> NativePool | None:
+  """The process's pool, made on first use with the code `compile_pool` returns; None where it cannot be (no pthreads)."""
   if not _pool:
-    try: _pool.append(NativePool(max(workers, (os.cpu_count() or 1) - 1)))
-    except (OSError, RuntimeError, AttributeError): _pool.append(None)
-  pool = _pool[0]
-  return pool if pool is not None and len(pool.jobs) >= workers else None
+    try: _pool.append(NativePool(compile_pool()))
+    except (OSError, RuntimeError, AttributeError, TypeError): _pool.append(None)  # (ops_llvm.run_ranges uses Python threads then)
+  return _pool[0]
 
 # a forked child has none of its parent's threads: it makes its own pool
 if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_pool.clear)

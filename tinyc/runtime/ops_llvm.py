@@ -20,7 +20,7 @@ from tinyc.codegen.cpu_split import split_range
 from tinyc.codegen.axes import CPU_MAX_UPCAST
 from tinyc.codegen.kernel import KernelTarget
 from tinyc.codegen.llvmir import LLVMLITE_LOCK, render_llvm
-from tinyc.runtime.cpu_pool import MAX_ARGS, native_pool
+from tinyc.runtime.cpu_pool import MAX_ARGS, native_pool, pool_source
 
 class HostMemory:
   """A block of CPU memory: a numpy byte array (64-byte aligned, for aligned vector loads) and its address, which ctypes passes for it
@@ -115,7 +115,7 @@ def run_ranges(function: Callable[..., None], pointers: list[Any], ranges: list[
   """function(*pointers, start, end) for every range at once: the first on this thread, the others on other threads. Returns when
   all have finished, so no thread still writes a buffer after its kernel has returned. A compiled kernel (its `address` given)
   runs on the native workers (cpu_pool.py) where they are free; anything else, or a second caller meanwhile, on Python threads."""
-  if address is not None and len(ranges) > 1 and len(pointers) <= MAX_ARGS and (native := native_pool(len(ranges) - 1)) is not None \
+  if address is not None and len(ranges) > 1 and len(pointers) <= MAX_ARGS and (native := native_pool(compile_pool)) is not None \
      and native.lock.acquire(blocking=False):
     try: return native.run(function, address, pointers, ranges)
     finally: native.lock.release()
@@ -128,6 +128,18 @@ def run_ranges(function: Callable[..., None], pointers: list[Any], ranges: list[
   try: function(*pointers, *bounds[0])
   finally: join(futures)
   for future in futures: future.result()  # raise what a worker raised
+
+def compile_pool() -> dict[str, int]:
+  """The native workers' code (cpu_pool.pool_source) in an engine of its own with a target machine of its own (an engine owns its
+  machine), never freed: the workers run it until the process ends."""
+  machine = host_target_machine.__wrapped__()
+  with LLVMLITE_LOCK:
+    module = llvm.parse_assembly(pool_source(pause=machine.triple.startswith(("x86_64", "i686"))))
+    module.verify()
+    engine = llvm.create_mcjit_compiler(module, machine)
+    engine.finalize_object()
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(engine))
+    return {name: engine.get_function_address(name) for name in ("tinyc_worker", "tinyc_publish", "tinyc_finish")}
 
 def join(futures: list[concurrent.futures.Future]) -> None:
   """Wait for every range. Ctrl-C takes effect once they have finished, as it does after a kernel run on one thread: the ranges
