@@ -15,6 +15,7 @@ from tinyc.codegen.nested_plan import lanes_plan
 from tinyc.codegen.axes import CPU_MAX_UPCAST
 from tinyc.codegen.kernel import AxisKind, GPU_MAX_UPCAST, Kernel, KernelOptError, KernelTarget, Opt, OptOps
 from tinyc.codegen.linearizer import Linearizer
+from tinyc.codegen.llvmir import render_llvm
 from tinyc.codegen.uops import UOps
 from test_kernel_model import attention as attention_kernel, run as run_kernel
 
@@ -191,6 +192,10 @@ def test_a_cpus_attention_puts_a_vector_of_queries_in_the_lanes(queries, lanes, 
     if lanes: assert widths == {16}, (kernel.name, widths)
     forward = any(r.op is ReduceOps.MAX for r in kernel.reduceops)
     if lanes: assert (opts[-1] == Opt(OptOps.UNROLL, 0, 8)) == forward, (kernel.name, opts)  # (the keys: after the head dims)
+    # each score (and dO.v) over the head dim of 32 adds up in 4 independent chains, each fenced against LLVM's reassociation
+    uops = Linearizer(kernel).linearize()
+    fences = [uop for uop in uops if uop.op is UOps.CAST and uop.src[0].dtype == uop.dtype]
+    if lanes: assert len(fences) >= 4 * len(kernel.nested_contractions()) and "llvm.arithmetic.fence" in render_llvm("k", uops), len(fences)
   check_sdpa_against_torch((1, 3, queries, 32), seed=queries, causal=True)
 
 def test_a_reduce_nested_in_anothers_loop_counts_its_own_lanes(tinyc_device):

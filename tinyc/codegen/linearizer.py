@@ -17,7 +17,7 @@ from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel
 from tinyc.codegen.uops import (PACKED_16_BIT, PYTHON_ALU, VECTOR_WIDTH, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind,
                                UOp, UOps, cast_python_value, without_unused)
 from tinyc.codegen.tiles import Tile, define_tile, enter_trip, leave_trip, load_tiles, mma, start_tile_copies, store_tiles, wgmma
-from tinyc.codegen.packing import LOADED_DTYPES, gated_rows, horizontal, pack, packed_axis, prefetch
+from tinyc.codegen.packing import LOADED_DTYPES, accumulate_steps, gated_rows, horizontal, packed_axis, prefetch
 from tinyc.codegen.online import online_groups, online_reduce, siblings
 from tinyc.codegen.bounds import identity_masks, loop_range
 from tinyc.codegen.thread_reduce import group_reduce, lane_reduce
@@ -401,7 +401,7 @@ class Linearizer:
           at = {axis: cast(NumNode, idxs[axis]).b for axis in scope.lane_axes}
           acc = accs[member][acc_keys.index(tuple(at[axis] for axis in acc_axes))]
           steps.setdefault(tuple(at[axis] for axis in scope.lane_axes if axis != packed), (acc, []))[1].append(value)
-        for acc, step in steps.values(): self.accumulate(cast(ReduceOps, member.op), acc, pack(self.uop, step))
+        accumulate_steps(self, cast(ReduceOps, member.op), list(steps.values()), not (looped or grouped or self.threads))  # (chains)
     if self.tiles and not tensor_cores: store_tiles(self, upcoming)  # into the other tile, which every thread read before the last barrier
     for loop in reversed(loops): self.end(loop)
     self.walking.difference_update(members)
