@@ -298,7 +298,7 @@ def _render_llvm(function_name: str, uops: list[UOp]) -> str:
       values[uop] = ir.Constant(register_type(dtype), ir.Undefined)
       for lane, value in enumerate(src): values[uop] = builder.insert_element(values[uop], value, ir.Constant(ir.IntType(32), lane))
     elif uop.op is UOps.GEP: values[uop] = builder.extract_element(src[0], ir.Constant(ir.IntType(32), uop.arg))
-    elif uop.op is UOps.CAST and uop.src[0].dtype == dtype and dtypes.is_float(dtype.scalar()):  # (see Linearizer.chained)
+    elif uop.op is UOps.CAST and uop.src[0].dtype == dtype and dtypes.is_float(dtype.scalar()):  # a fence (see packing.chains)
       values[uop] = _intrinsic(builder, "arithmetic.fence", dtype.scalar(), src[0], flags=())
     elif uop.op is UOps.CAST: values[uop] = cast(builder, src[0], _dtype_of(uop.src[0]), dtype)
     elif uop.op is UOps.BITCAST: values[uop] = bitcast(builder, src[0], _dtype_of(uop.src[0]), dtype)

@@ -3,8 +3,8 @@ device, codegen/; llvmlite.binding appears only here.
 
 Facts that shaped it: llvmlite >= 0.45 has no llvm.initialize() and no legacy pass managers (the new pass builder is used);
 a target machine made without the host's CPU name and features emits SSE only, so they are passed explicitly. A ctypes
-CFUNCTYPE call releases the GIL while native code runs, so Python threads calling one kernel on different ranges of its
-outermost loop run it on several cores at once.
+CFUNCTYPE call releases the GIL while native code runs; a kernel split into ranges of its outermost loop runs them on several
+cores at once, the caller's thread and native workers (cpu_pool.py).
 
 Threads: one MCJIT engine holds every kernel and llvmlite locks each call into LLVM but not a sequence of them, so each compile
 (parse, optimize, add to the engine, finalize, look up the address) holds codegen/llvmir.py's LLVMLITE_LOCK. Kernels run without it.
