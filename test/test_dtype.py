@@ -213,3 +213,11 @@ def test_each_dtype_is_one_object():
     assert pickle.loads(pickle.dumps(dtype)) is dtype and copy.deepcopy(dtype) is dtype
   assert dtypes.float32.vec(4) is dtypes.float32.vec(4) and dtypes.float32.vec(4) != dtypes.int32.vec(4)
   assert dtypes.float32.vec(4).scalar() is dtypes.float32 and dtypes.float16 < dtypes.float32
+
+@pytest.mark.parametrize("method", ["cast", "bitcast"])
+def test_cast_to_something_not_a_dtype_raises_a_type_error_at_once(method):
+  """A dtype's name (torch takes only torch.int32 too) raised AttributeError when the graph was realized, from deep in the kernel
+  cache's key: now a TypeError at the call, naming what to pass."""
+  t = Tensor([1.0, 2.0])
+  with pytest.raises(TypeError, match=r"tinyc\.dtypes\.int32"): getattr(t, method)("int32")
+  with pytest.raises(TypeError, match="dtype"): getattr(t, method)(np.int32)

@@ -197,10 +197,12 @@ class Tensor(CreationMixin, MovementMixin, IndexMixin, ReduceMixin, NNMixin, Rou
 
   # ---- dtype ----
   def cast(self, dtype: DType) -> Tensor:
+    _check_dtype(dtype, "cast")
     if self.dtype == dtype: return self
     # only floats carry gradients (as in torch): an int or bool result leaves the graph, so trunc's round trip through int is flat
     return Tensor._apply(F.Cast, self if dtypes.is_float(dtype) else self.detach(), dtype=dtype)
   def bitcast(self, dtype: DType) -> Tensor:
+    _check_dtype(dtype, "bitcast")
     if dtype.itemsize != self.dtype.itemsize:
       raise ValueError(f"bitcast needs dtypes of one size: {self.dtype} is {self.dtype.itemsize} bytes, {dtype} {dtype.itemsize}")
     return self if self.dtype == dtype else Tensor._apply(F.Cast, self.detach(), dtype=dtype, bitcast=True)
@@ -428,3 +430,8 @@ def _overflow(dtype: DType, inferred: bool) -> Exception:
 def _cast_scalar(value: Scalar, dtype: DType) -> Scalar:
   if dtypes.is_float(dtype): return float(value)
   return bool(value) if dtype == dtypes.bool else int(value)
+
+def _check_dtype(dtype: object, method: str) -> None:
+  if not isinstance(dtype, DType):
+    hint = f"tinyc.dtypes.{dtype}" if isinstance(dtype, str) else "one of tinyc.dtypes (tinyc.dtypes.int32, ...)"
+    raise TypeError(f"Tensor.{method} takes a tinyc dtype, not {dtype!r}: pass {hint}")
