@@ -8,7 +8,7 @@ import torch
 from tinyc import Device, Tensor, GlobalCounters
 from tinyc.dtype import dtypes
 from tinyc.helpers import prod
-from tinyc.ops import LoadOps, ReduceOps, UnaryOps
+from tinyc.ops import BinaryOps, LoadOps, ReduceOps, UnaryOps
 from tinyc.schedule import create_schedule
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.nested_plan import lanes_plan
@@ -177,7 +177,10 @@ def test_a_cpus_attention_puts_a_vector_of_queries_in_the_lanes(queries, lanes, 
   unroll the head dims whole: every reduce packs along those rows, so each accumulator (a key's scores, the running max and sums of
   online softmax, the probabilities' gradients, dq's features) is a vector of 16 rows (nested_plan.rows_in_lanes). 40 rows do not
   divide by 16: the plan before (padded, such rows ran slower than that). The forward, whose online softmax rescales its sums once a
-  trip over the keys, unrolls them by 8. Forward and backward against torch."""
+  trip over the keys, unrolls them by 8, the backward's kernels by 4. Each backward kernel's loop reads every element it broadcasts
+  with a load of its own for each product (volatile: LLVM would keep one in a register between the scores and the gradient, and
+  spill it), and its rows (loop-invariant) before the loop. A stored row's values (the output over its sum, dk times the scale) are
+  vector ops on the rows' lanes. Forward and backward against torch."""
   target = KernelTarget(vector_lanes=16, max_upcast=CPU_MAX_UPCAST)
   q, k, v, upstream = (Tensor.empty(1, 3, queries, 32) for _ in range(4))
   leaves = [Tensor(t.lazydata, requires_grad=True) for t in (q, k, v)]
@@ -191,9 +194,18 @@ def test_a_cpus_attention_puts_a_vector_of_queries_in_the_lanes(queries, lanes, 
     widths = {uop.dtype.count for uop in Linearizer(kernel).linearize() if uop.op is UOps.DEFINE_ACC}
     if lanes: assert widths == {16}, (kernel.name, widths)
     forward = any(r.op is ReduceOps.MAX for r in kernel.reduceops)
-    if lanes: assert (opts[-1] == Opt(OptOps.UNROLL, 0, 8)) == forward, (kernel.name, opts)  # (the keys: after the head dims)
+    looped = bool(kernel.axes(AxisKind.REDUCE))  # (the forward's, dq's, dk's and dv's: the keys or queries after the head dims)
+    if lanes and looped: assert opts[-1] == Opt(OptOps.UNROLL, 0, 8 if forward else 4), (kernel.name, opts)
     # each score (and dO.v) over the head dim of 32 adds up in 4 independent chains, each fenced against LLVM's reassociation
     uops = Linearizer(kernel).linearize()
+    volatile = [uop for uop in uops if uop.op is UOps.LOAD and uop.arg == "volatile"]
+    if lanes and len(kernel.nested_contractions()) == 2:  # dq (4 keys a trip: a key's 32 elements thrice), dk and dv (4 times)
+      assert len(volatile) >= 4 * 3 * 32 and "load volatile" in render_llvm("k", uops), len(volatile)
+      loop = next(uop for uop in uops if uop.op is UOps.LOOP and uop.arg.name.startswith("ridx"))
+      gathered = {src for uop in uops if uop.op is UOps.VECTORIZE and len(set(uop.src)) > 1 for src in uop.src if src.op is UOps.LOAD}
+      assert gathered and all(uops.index(load) < uops.index(loop) for load in gathered), kernel.name
+    scalar = [uop for uop in uops if uop.op is UOps.ALU and uop.arg in (BinaryOps.MUL, BinaryOps.DIV) and uop.dtype == dtypes.float32]
+    if lanes: assert not scalar, (kernel.name, len(scalar))
     fences = [uop for uop in uops if uop.op is UOps.CAST and uop.src[0].dtype == uop.dtype]
     if lanes: assert len(fences) >= 4 * len(kernel.nested_contractions()) and "llvm.arithmetic.fence" in render_llvm("k", uops), len(fences)
   check_sdpa_against_torch((1, 3, queries, 32), seed=queries, causal=True)

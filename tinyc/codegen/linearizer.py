@@ -5,7 +5,7 @@ Equal pure UOps are made once (common-subexpression elimination) and constant op
 A UOp made inside a loop is only reused inside that loop, so every renderer can scope variables by loop.
 """
 from __future__ import annotations
-import functools, itertools, math
+import functools, itertools
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, cast
 from tinyc.dtype import DType, dtypes
@@ -15,16 +15,15 @@ from tinyc.shape.shapetracker import flatten_node
 from tinyc.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, simplify_given_valid, sint, sym_max
 from tinyc.codegen.kernel import REDUCE_SIDE, AxisKind, Kernel
 from tinyc.codegen.uops import (PACKED_16_BIT, PYTHON_ALU, VECTOR_WIDTH, GlobalBuffer, LocalBuffer, Loop, ThreadIndex, ThreadKind,
-                               UOp, UOps, cast_python_value, without_unused)
+                               UOp, UOps, cast_python_value, is_const, is_identity, without_unused)
 from tinyc.codegen.tiles import Tile, define_tile, enter_trip, leave_trip, load_tiles, mma, start_tile_copies, store_tiles, wgmma
-from tinyc.codegen.packing import LOADED_DTYPES, accumulate_steps, gated_rows, horizontal, packed_axis, prefetch
+from tinyc.codegen.packing import LOADED_DTYPES, accumulate_steps, gated_rows, horizontal, packed_axis, packed_rows, prefetch
 from tinyc.codegen.online import online_groups, online_reduce, siblings
 from tinyc.codegen.bounds import identity_masks, loop_range
 from tinyc.codegen.thread_reduce import group_reduce, lane_reduce
 from tinyc.codegen.register_mma import computed_by_mma, register_mma
 
 REDUCE_TO_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
-IDENTITY = {BinaryOps.ADD: 0, BinaryOps.MUL: 1}
 Address = tuple[Node, Node]  # where a lane reads or writes memory: (index, validity)
 
 @dataclass
@@ -56,6 +55,7 @@ class Linearizer:
   """`threads`: the GLOBAL axes become thread ids (SPECIAL, for GPUs; see thread_indices), else loops (CPUs)."""
   def __init__(self, kernel: Kernel, threads: bool = False) -> None:
     self.kernel, self.threads = kernel, threads
+    self.fresh_reads = not threads and bool(kernel.nested_contractions())  # packing.fresh_operands; its loops' invariants: invariant_loop
     self.uops: list[UOp] = []
     self._made: dict[tuple, UOp] = {}
     self._scopes: list[list[tuple]] = [[]]  # keys made inside each open loop, forgotten when it ends
@@ -99,12 +99,12 @@ class Linearizer:
   def alu(self, op: Op, dtype: DType, *src: UOp) -> UOp:
     if all(s.op is UOps.CONST for s in src) and op in PYTHON_ALU and not (op is BinaryOps.MOD and dtypes.is_float(dtype) and src[-1].arg == 0):
       return self.const(PYTHON_ALU[op](*[s.arg for s in src]), dtype)
-    if op in IDENTITY:  # x * 1 and x + 0 are x (for floats x + -0.0 only: -0.0 + 0.0 is 0.0)
-      if _is_identity(cast(BinaryOps, op), src[1], dtype): return src[0]
-      if _is_identity(cast(BinaryOps, op), src[0], dtype): return src[1]
-    if op is BinaryOps.MUL and dtypes.is_int(dtype) and any(_is_const(value, 0) for value in src): return self.const(0, dtype)
+    if op in (BinaryOps.ADD, BinaryOps.MUL):  # x * 1 and x + 0 are x (for floats x + -0.0 only: -0.0 + 0.0 is 0.0)
+      if is_identity(cast(BinaryOps, op), src[1], dtype): return src[0]
+      if is_identity(cast(BinaryOps, op), src[0], dtype): return src[1]
+    if op is BinaryOps.MUL and dtypes.is_int(dtype) and any(is_const(value, 0) for value in src): return self.const(0, dtype)
     if op is TernaryOps.WHERE and src[0].op is UOps.CONST: return src[1] if src[0].arg else src[2]
-    if op in (BinaryOps.IDIV, BinaryOps.MOD) and not dtypes.is_float(dtype) and _is_const(src[1], 0): return self.const(0, dtype)  # see uops.py
+    if op in (BinaryOps.IDIV, BinaryOps.MOD) and not dtypes.is_float(dtype) and is_const(src[1], 0): return self.const(0, dtype)  # see uops.py
     return self.uop(UOps.ALU, dtype, tuple(src), op)
 
   def cast(self, value: UOp, dtype: DType) -> UOp:
@@ -223,9 +223,10 @@ class Linearizer:
     return self.parse(node, Lanes(idxs, sizes), scope)
 
   def invariant_loop(self, buf: MemBuffer, addresses: list[Address]) -> UOp | None:
-    """On a GPU, the outermost of the reduce loops around here whose trips, and those of every loop inside it, all read an input's
-    elements at the same addresses: attention's query row in the loop over the keys, which ptxas left there for 16-bit values."""
-    if not self.threads or buf.idx < self.kernel.n_outputs: return None
+    """On a GPU or where fresh_reads, the outermost reduce loop around here whose trips, and those of every loop inside it, read an
+    input's elements at the same addresses: attention's query row in the loop over the keys, which ptxas left there for 16-bit
+    values, and LLVM past volatile loads (no load moves past one: the GPT's dq gathered its 16 rows of q a trip, 384 inserts)."""
+    if not (self.threads or self.fresh_reads) or buf.idx < self.kernel.n_outputs: return None
     used = {var.expr for index, valid in addresses for var in index.vars() | valid.vars()}
     loops = list(itertools.takewhile(lambda loop: loop.arg.name not in used and loop.arg.name.startswith("ridx"), reversed(self._open_loops)))
     return loops[-1] if loops else None
@@ -352,6 +353,7 @@ class Linearizer:
     loops = self.walk_loops(looped, store.src[0], scope)
     lanes = self.lanes(scope)
     values = self.parse(store.src[0], lanes, scope)
+    if not self.threads: values = packed_rows(self, scope.lane_axes, lanes.sizes, values)
     self.write(self.globals[store.arg.idx], lanes.sizes, values, [kernel.sts[number].expr_idxs(idxs) for idxs in lanes.idxs])
     for loop in reversed(loops): self.end(loop)
 
@@ -401,7 +403,7 @@ class Linearizer:
           at = {axis: cast(NumNode, idxs[axis]).b for axis in scope.lane_axes}
           acc = accs[member][acc_keys.index(tuple(at[axis] for axis in acc_axes))]
           steps.setdefault(tuple(at[axis] for axis in scope.lane_axes if axis != packed), (acc, []))[1].append(value)
-        accumulate_steps(self, cast(ReduceOps, member.op), list(steps.values()), not (looped or grouped or self.threads))  # (chains)
+        accumulate_steps(self, cast(ReduceOps, member.op), list(steps.values()), not (looped or grouped or self.threads), self.fresh_reads)
     if self.tiles and not tensor_cores: store_tiles(self, upcoming)  # into the other tile, which every thread read before the last barrier
     for loop in reversed(loops): self.end(loop)
     self.walking.difference_update(members)
@@ -444,9 +446,6 @@ class Linearizer:
     current = self.uop(UOps.LOAD, acc.dtype, (acc,), pure=False)
     self.uop(UOps.STORE, None, (acc, self.alu(REDUCE_TO_ALU[op], cast(DType, acc.dtype), current, value)), pure=False)
 
-def _is_const(uop: UOp, value: Any) -> bool: return uop.op is UOps.CONST and uop.arg == value
-def _is_identity(op: BinaryOps, uop: UOp, dtype: DType) -> bool:
-  return _is_const(uop, IDENTITY[op]) and (op is not BinaryOps.ADD or not dtypes.is_float(dtype) or math.copysign(1.0, uop.arg) < 0)
 def _neighbours(addresses: list[Address], lanes: list[int], aligned: bool) -> bool:
   """Whether these lanes' addresses are valid and neighbouring, in order (and, if `aligned`, from a multiple of their number)."""
   start = addresses[lanes[0]][0]

@@ -209,6 +209,19 @@ def _to_memory(builder: ir.IRBuilder, value: ir.Value, dtype: DType) -> ir.Value
 # each call into LLVM but not a sequence of them. Every use of llvmlite, here and in runtime/ops_llvm.py, holds this lock.
 LLVMLITE_LOCK = threading.Lock()
 
+class _VolatileLoad(ir.LoadInstr):  # (llvmlite writes no volatile loads)
+  def descr(self, buf: list[str]) -> None:
+    text: list[str] = []
+    super().descr(text)
+    buf.append("".join(text).replace("load ", "load volatile ", 1))
+
+def _load(builder: ir.IRBuilder, pointer: Any, typ: Any, volatile: bool) -> Any:
+  """A scalar load; volatile: LLVM neither merges it with an equal load nor moves it (packing.fresh_operands), and still folds it into
+  the instruction that uses it."""
+  if not volatile: return builder.load(pointer, typ=typ)
+  builder._insert(load := _VolatileLoad(builder.block, pointer, typ=typ))
+  return load
+
 def render_llvm(function_name: str, uops: list[UOp]) -> str:
   """LLVM IR of `void function_name(ptr data0, ptr data1, ..., i64 start, i64 end)` for these UOps; start and end (only for a
   kernel that cpu_split.outer_split splits) bound its outermost global loop, and the caller must keep start < end (loops are do-while)."""
@@ -278,7 +291,7 @@ def _render_llvm(function_name: str, uops: list[UOp]) -> str:
       else:  # a gated load clamps the index so a masked-out lane never reads out of bounds, then zeroes the value
         index = builder.select(src[2], src[1], ir.Constant(src[1].type, 0)) if len(src) == 3 else src[1]
         pointer = builder.gep(src[0], [index], source_etype=memory_type(dtype))
-        loaded = _from_memory(builder, builder.load(pointer, typ=memory_type(dtype)), dtype)
+        loaded = _from_memory(builder, _load(builder, pointer, memory_type(dtype), volatile=uop.arg == "volatile"), dtype)
         values[uop] = builder.select(src[2], loaded, _constant(0, dtype)) if len(src) == 3 else loaded
     elif uop.op is UOps.PREFETCH:  # llvm.prefetch(address, read, locality 3 (keep in every cache), data)
       int32 = ir.IntType(32)

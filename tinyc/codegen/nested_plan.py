@@ -178,8 +178,13 @@ def tensor_core_plan(kernel: Kernel, warps: int = NESTED_TC_WARPS, keys: int = N
 # keys a trip of a CPU rows-in-lanes kernel's loop over them takes (UNROLL) where online softmax rescales its sums, once a trip (the
 # forward): the rescaling is then shared by 8 keys. Causal SDPA (8,4,256,32) forward on a 2-core AVX-512 guest 2.9-3.1 -> 1.4-1.6 ms (by
 # 4 1.6-1.9, by 16 1.4-2.2; in the CPU GPT step too); fwd+bwd (2,4,256,64) 5.0 -> 4.5, (1,6,384,80) 11.6 -> 9.0, (4,6,192,40) 7.7 ->
-# 6.5. Not the backward's kernels: alone they ran 10-25% faster by 4, but in the GPT step 2.3-2.4 and 3.0 ms -> 3.1-3.2 and 3.6-3.7
-NESTED_CPU_KEYS = 8
+# 6.5. The backward's kernels (dq's keys, dk's and dv's queries) by NESTED_CPU_BACKWARD_KEYS, with each broadcast element read again for
+# each product (packing.fresh_operands): causal SDPA in the GPT's layout (q, k and v views of one buffer), 2-core AVX-512 guest, ms
+# (medians of 3 alternating runs) dk-and-dv, dq, fwd+bwd: (8,4,256,32) 2.80, 2.07, 7.17 -> 1.96, 1.59, 5.80; (2,4,256,64) 1.40, 0.99,
+# 3.68 -> 0.92, 0.76, 2.84; (1,6,384,80) 2.91, 2.06, 7.03 -> 1.87, 1.48, 5.59; (4,6,192,40) 1.50, 1.12, 4.41 -> 1.18, 0.92, 3.75. With
+# q, k and v contiguous, (8,4,256,32): 3.57, 2.40 -> by 4 1.97, 1.55; by 2 2.40, 1.80; by 8 2.43, 1.57; by 4 without the fresh reads
+# 3.48, 2.53 (the broadcast elements, each used twice, were kept in registers and spilled: 384 stores a trip)
+NESTED_CPU_KEYS, NESTED_CPU_BACKWARD_KEYS = 8, 4
 
 def rows_in_lanes(kernel: Kernel, rows: list[int], own: list[int]) -> bool:
   """A CPU kernel of nested contractions (attention, forward and backward) puts a vector register's lanes of rows (its last row
@@ -187,16 +192,18 @@ def rows_in_lanes(kernel: Kernel, rows: list[int], own: list[int]) -> bool:
   softmax's max and sums too, so a key's scores, probabilities, rescaling and gradients are vector ops, one lane a row, and each
   product takes the other operand's element (a key's row) broadcast, where a row's scores were dot products added up across lanes
   and its exp scalar; the head dims are unrolled whole, so the rows' elements, read across rows (gathered), are read once, before
-  the loop over the keys, which the forward unrolls (NESTED_CPU_KEYS). Causal SDPA on a 2-core AVX-512 guest, ms, 4 queries x 2 heads ->
-  16 queries: (8,4,256,32) dq 5.5 -> 2.4, dk 5.4 -> 2.5, dv 4.6 -> 1.9, the output 3.5 -> 3.0; fwd+bwd (4,6,192,40) 21.0 -> 5.6."""
+  the loop over the keys, which the forward unrolls (NESTED_CPU_KEYS), the backward too (NESTED_CPU_BACKWARD_KEYS). Causal SDPA on a
+  2-core AVX-512 guest, ms, 4 queries x 2 heads -> 16 queries: (8,4,256,32) dq 5.5 -> 2.4, dk 5.4 -> 2.5, dv 4.6 -> 1.9, the output 3.5
+  -> 3.0; fwd+bwd (4,6,192,40) 21.0 -> 5.6."""
   trial, lanes = kernel.copy(), kernel.target.vector_lanes
   # AVX-512's 32 vector registers hold a row vector's 32 features; AVX2's 16 would spill them (not measured: this plan needs 16 lanes)
   # rows that do not divide by the lanes keep the plan below: padded (masked), 197 queries ran 10.2 -> 13.8 ms (208 real ones 6.2)
   if lanes < 16 or not rows or not try_opt(trial, Opt(OptOps.UPCAST, rows[0], lanes)): return False
   for index in reversed(own):
     if not try_opt(trial, Opt(OptOps.UNROLL, index, 0)): return False
-  if (keys := trial.axes(AxisKind.REDUCE)) and online_groups(trial):  # the loop over the keys (what is left of the reduces)
-    next((amount for amount in (NESTED_CPU_KEYS, 4, 2) if try_opt(trial, Opt(OptOps.UNROLL, len(keys) - 1, amount))), None)
+  if keys := trial.axes(AxisKind.REDUCE):  # the loop over the keys (what is left of the reduces; dk's and dv's: the queries)
+    amounts = (NESTED_CPU_KEYS, 4, 2) if online_groups(trial) else (NESTED_CPU_BACKWARD_KEYS, 2)
+    next((amount for amount in amounts if try_opt(trial, Opt(OptOps.UNROLL, len(keys) - 1, amount))), None)
   for opt in trial.applied_opts[len(kernel.applied_opts):]: kernel.apply_opt(opt)
   return True
 

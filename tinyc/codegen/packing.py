@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any, Callable, cast
 from tinyc.dtype import INTS, DType, dtypes
+from tinyc.helpers import prod
 from tinyc.ops import BinaryOps, BufferOps, LazyOp, ReduceOps
 from tinyc.shape.symbolic import Node, NumNode, simplify_given_valid
 from tinyc.codegen.axes import AxisKind
@@ -42,6 +43,20 @@ def rows_axis(kernel: Kernel, key_axes: list[int]) -> int | None:
   nested_rows = set().union(*[kernel.value_axes(kernel.reduceops[number]) for number in kernel.nested_contractions()])
   return next((axis for axis in reversed(key_axes) if kernel.kinds[axis] is AxisKind.UPCAST and kernel.full_shape[axis] >= kernel.target.vector_lanes
                and axis in nested_rows), None)
+
+def packed_rows(lin: Linearizer, lane_axes: list[int], sizes: list[int], values: list[UOp]) -> list[UOp]:
+  """A CPU store's values (one a lane, laid out as `sizes`) computed as vectors along the rows axis (rows_axis), each lane then read
+  from its vector: after a rows-in-lanes kernel's reduces, whose results are lanes of vector accumulators, each value was scalar
+  ops on them, as stored (a row's features are its neighbours in memory): attention's output divided by its sum was 512 divides
+  of one float, dk times the scale 512 multiplies, each kernel's 16 rows of 32 features."""
+  if (rows := rows_axis(lin.kernel, lane_axes)) is None: return values
+  position = lane_axes.index(rows)
+  width, stride, repacked = sizes[position], prod(sizes[position + 1:]), list(values)
+  for first in (lane for lane in range(len(values)) if (lane // stride) % width == 0):
+    group = [first + number * stride for number in range(width)]
+    if (vector := pack(lin.uop, [values[lane] for lane in group])).op is UOps.VECTORIZE: continue  # (nothing to compute as vectors)
+    for number, lane in enumerate(group): repacked[lane] = lin.uop(UOps.GEP, values[lane].dtype, (vector,), number)
+  return repacked
 
 def horizontal(lin: Linearizer, op: BinaryOps, vectors: list[UOp]) -> list[UOp]:
   """Each vector's lanes folded by `op` into one value, for many vectors at once: pairs of vectors of r keys each become one of 2r
@@ -83,14 +98,28 @@ def chains(lin: Linearizer, op: BinaryOps, values: list[UOp]) -> list[UOp]:
     return lin.uop(UOps.CAST, value.dtype, (value,)) if fenced else value
   return [fold(values[start::CPU_REDUCE_CHAINS]) for start in range(min(CPU_REDUCE_CHAINS, len(values)))]
 
-def accumulate_steps(lin: Linearizer, op: ReduceOps, steps: list[tuple[UOp, list[UOp]]], unlooped: bool) -> None:
+def accumulate_steps(lin: Linearizer, op: ReduceOps, steps: list[tuple[UOp, list[UOp]]], unlooped: bool, fresh: bool) -> None:
   """Each (accumulator, lanes) step of a reduce's trip added to its accumulator, in order; where the reduce has no loop (`unlooped`),
-  each accumulator's steps in chains first."""
+  each accumulator's steps in chains first; with `fresh`, each step's broadcast elements read again (fresh_operands)."""
   folds: dict[UOp, list[UOp]] = {}
-  for acc, lanes in steps: folds.setdefault(acc, []).append(pack(lin.uop, lanes))
+  for acc, lanes in steps: folds.setdefault(acc, []).append(fresh_operands(lin, pack(lin.uop, lanes)) if fresh else pack(lin.uop, lanes))
   alu = BinaryOps.ADD if op is ReduceOps.SUM else BinaryOps.MAX
   for acc, values in folds.items():
     for value in chains(lin, alu, values) if unlooped else values: lin.accumulate(op, acc, value)
+
+def fresh_operands(lin: Linearizer, value: UOp) -> UOp:
+  """A reduce step's op (a product) with each operand that is an element of memory broadcast to every lane read again, by a load of
+  its own (volatile: LLVM merges equal loads): a CPU rows-in-lanes kernel's backward uses each element of a row twice (q's for the
+  scores and for dk, dO's for dO.v and for dv), and LLVM kept each broadcast in a register from its first use to its second, then
+  spilled them (dk's and dv's kernel, 4 queries unrolled: 256 broadcasts and 384 stores a trip). Read again, each folds into its
+  FMA as a broadcast memory operand. The op is made anew, not shared, so what else is computed from the element is not made twice."""
+  def broadcast(src: UOp) -> bool:
+    return src.op is UOps.VECTORIZE and len(set(src.src)) == 1 and src.src[0].op is UOps.LOAD and src.src[0].src[0].op is UOps.DEFINE_GLOBAL
+  if value.op is not UOps.ALU or not any(broadcast(src) for src in value.src): return value
+  def fresh(src: UOp) -> UOp:
+    load = lin.uop(UOps.LOAD, src.src[0].dtype, src.src[0].src, "volatile", pure=False)
+    return lin.uop(UOps.VECTORIZE, src.dtype, (load,) * len(src.src), None, pure=False)
+  return lin.uop(UOps.ALU, value.dtype, tuple(fresh(src) if broadcast(src) else src for src in value.src), value.arg, pure=False)
 
 def pack(make: Callable[[UOps, DType, tuple[UOp, ...], Any], UOp], lanes: list[UOp]) -> UOp:
   """These scalar values as one vector UOp (`make` makes a UOp): where every lane is the same op of packable values, that op on the

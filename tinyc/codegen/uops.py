@@ -18,7 +18,7 @@ class UOps(Enum):
   LOOP = auto()           # src: (start, end); arg: a Loop
   IF = auto()             # src: (condition,); what follows runs only where it holds, up to the END
   END = auto()            # src: (loop or if,)
-  LOAD = auto()           # src: (buffer, index[, valid]) or (acc,)
+  LOAD = auto()           # src: (buffer, index[, valid]) or (acc,); arg "volatile": read afresh (CPU, packing.fresh_operands)
   STORE = auto()          # src: (buffer, index, value[, valid]) or (acc, value); with `valid`, only where it holds
   CONST = auto()          # arg: the Python value
   ALU = auto()            # arg: the UnaryOps/BinaryOps/TernaryOps member; on vectors (CPUs), lane by lane
@@ -164,3 +164,9 @@ def without_unused(uops: list[UOp]) -> list[UOp]:
   for uop in reversed(uops):  # a UOp comes after its sources
     if uop.op not in VALUE_ONLY or uop in used: used.update(uop.src)
   return [uop for uop in uops if uop.op not in VALUE_ONLY or uop in used]
+
+def is_const(uop: UOp, value: Any) -> bool: return uop.op is UOps.CONST and uop.arg == value
+def is_identity(op: BinaryOps, uop: UOp, dtype: DType) -> bool:
+  """Whether `uop` is op's identity (x * 1, x + 0; for a float's add only -0.0: -0.0 + 0.0 is 0.0)."""
+  if not is_const(uop, {BinaryOps.ADD: 0, BinaryOps.MUL: 1}[op]): return False
+  return op is not BinaryOps.ADD or not dtypes.is_float(dtype) or math.copysign(1.0, uop.arg) < 0
