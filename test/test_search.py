@@ -36,6 +36,30 @@ def test_beam_matches_numpy_and_the_second_run_searches_nothing(tinyc_device, mo
   with Context(BEAM=2): again = (Tensor(a) @ Tensor(b)).relu().numpy()
   np.testing.assert_array_equal(again, out)
 
+def test_every_candidate_a_search_times_is_recorded_as_data(tinyc_device, monkeypatch):
+  """The dataset (issue 16): each candidate BEAM builds is a row of the cache's sqlite file, table candidates (the kernel's key, the
+  device, the Opt list as JSON, whether it built, its time), and the kernel's AST text a row of table kernels. BEAM_RECORD=0
+  records nothing."""
+  if Device[Device.DEFAULT].compile_binary is None: pytest.skip(f"{Device.DEFAULT} cannot build in worker processes")
+  a, b = matmul_inputs()
+  with Context(BEAM=2): (Tensor(a) @ Tensor(b)).exp().realize()  # (a kernel no other test made: its plan is not kept in the process)
+  with contextlib.closing(sqlite3.connect(os.environ["CACHEDB"])) as connection:
+    kernels = connection.execute("SELECT kernel, ast FROM kernels").fetchall()
+    rows = connection.execute("SELECT kernel, device, opts, built, seconds FROM candidates").fetchall()
+    chosen = connection.execute("SELECT opts FROM beam").fetchall()
+  assert len(kernels) == 1 and "ReduceOps.SUM" in kernels[0][1], kernels
+  assert len(rows) >= 3 and all(row[0] == kernels[0][0] and row[1].startswith(Device.DEFAULT) for row in rows), rows
+  assert all(row[4] > 0 for row in rows if row[3]) and chosen[0][0] in {row[2] for row in rows}, (rows, chosen)
+  assert len({row[2] for row in rows}) == len(rows), "one row a candidate"
+  with contextlib.closing(sqlite3.connect(os.environ["CACHEDB"])) as connection, connection: connection.execute("DELETE FROM candidates")
+  searches = []
+  monkeypatch.setattr(beam, "beam_search", lambda *args, **kwargs: searches.append(1) or search.beam_search(*args, **kwargs))
+  monkeypatch.setenv("IGNORE_BEAM_CACHE", "1")
+  monkeypatch.setenv("BEAM_RECORD", "0")
+  with Context(BEAM=2): (Tensor(b).T @ Tensor(a).T).exp().realize()
+  with contextlib.closing(sqlite3.connect(os.environ["CACHEDB"])) as connection:
+    assert searches and connection.execute("SELECT count(*) FROM candidates").fetchone()[0] == 0
+
 def test_a_winner_that_differs_from_the_unoptimized_kernel_is_neither_used_nor_cached(tinyc_device, monkeypatch):
   if Device[Device.DEFAULT].compile_binary is None: pytest.skip(f"{Device.DEFAULT} cannot build in worker processes")
   monkeypatch.setattr(beam, "outputs_match", lambda *args: False)
@@ -68,17 +92,23 @@ def test_crashed_hung_and_rejected_candidates_are_dropped():
   item = next(item for item in create_schedule([(Tensor.empty(16, 16) @ Tensor.empty(16, 16)).lazydata]) if item.ast.op not in LoadOps)
   kernel = Kernel(item.ast)
   pool = search.CompilePool(workers=2, timeout_s=3.0)
-  measured: list[tuple[Opt, ...]] = []
+  measured: dict[tuple[Opt, ...], float] = {}
   def measure(opts, built):
-    measured.append(opts)
-    return 1.0 / (1 + built[1]) + (0.5 if opts and opts[-1].op is OptOps.UPCAST else 0.0)  # an UNROLL wins
+    measured[opts] = 1.0 / (1 + built[1]) + (0.5 if opts and opts[-1].op is OptOps.UPCAST else 0.0)  # an UNROLL wins
+    return measured[opts]
+  recorded: dict[tuple[Opt, ...], tuple[bool, float | None]] = {}
   try:
     started = time.monotonic()
-    best = search.beam_search(kernel, 2, flaky_build, lambda opts: (opts,), measure, name="flaky", pool=pool)
+    best = search.beam_search(kernel, 2, flaky_build, lambda opts: (opts,), measure, name="flaky", pool=pool,
+                              record=lambda opts, built, seconds: recorded.setdefault(opts, (built, seconds)))
     assert time.monotonic() - started < 40, "a hung worker held the search up"
     assert best and best[-1].op is OptOps.UNROLL and best[-1] != Opt(OptOps.UNROLL, 0, 4)
     broken = {Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 4)}
     assert measured and not any(opts and opts[-1] in broken for opts in measured)
+    # every candidate is recorded for the dataset: the timed ones with their time, the broken ones as not built
+    assert {opts: seconds for opts, (built, seconds) in recorded.items() if built} == measured
+    assert {opts[-1] for opts, (built, seconds) in recorded.items() if not built} == broken and all(
+      seconds is None for built, seconds in recorded.values() if not built)
     assert pool.map(flaky_build, [((),)]) == [("()", 0)], "the pool works after its workers were replaced"
   finally: pool.close()
 

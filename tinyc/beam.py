@@ -18,7 +18,7 @@ from tinyc import profiler
 from tinyc.ops import LazyOp, MemBuffer, output_count
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.kernel import Kernel, KernelOptError, KernelTarget, Opt
-from tinyc.codegen.search import beam_search, cache_get, cache_key, cache_put
+from tinyc.codegen.search import beam_search, cache_get, cache_key, cache_put, record_candidates
 from tinyc.device import Buffer, Built, Compiled, Program, build, codegen_settings
 
 TIMING_GROUPS = 2048  # a compute-bound GPU candidate is timed on at most this many work-groups (several waves on an H200), the time scaled up
@@ -32,7 +32,7 @@ def beam_opts(device: Compiled, ast: LazyOp) -> tuple[Opt, ...]:
   if (opts := _chosen.get(chosen_key)) is not None: return opts
   with _searching:
     if (opts := _chosen.get(chosen_key)) is not None: return opts
-    key = cache_key(ast, f"{device.name}|{device.arch}|{device.language}" + ("|tf32" if ALLOW_TF32 else ""))
+    key = cache_key(ast, device_key(device))
     opts = cache_get(key)
     if opts is not None and not _applies(ast, opts, device.target): opts = None  # written by another version of tinyc: search again
     if opts is None:
@@ -40,6 +40,8 @@ def beam_opts(device: Compiled, ast: LazyOp) -> tuple[Opt, ...]:
       if verified: cache_put(key, opts)
     _chosen[chosen_key] = opts
   return opts
+
+def device_key(device: Compiled) -> str: return f"{device.name}|{device.arch}|{device.language}" + ("|tf32" if ALLOW_TF32 else "")
 
 def _applies(ast: LazyOp, opts: tuple[Opt, ...], target: KernelTarget) -> bool:
   kernel = Kernel(ast, target)
@@ -69,7 +71,10 @@ def search(device: Compiled, ast: LazyOp) -> tuple[tuple[Opt, ...], bool]:
   settings = codegen_settings()
   arguments = lambda opts: (ast, opts, device.target, device.threads, device.max_local, device.render, device.compile_binary,  # noqa: E731
                             settings, device.program_key(ast, opts))
-  best = beam_search(kernel, BEAM.value, build_candidate, arguments, measure, starts=((), hand_coded), name=kernel.name)
+  recorded: list[tuple[tuple[Opt, ...], bool, float | None]] = []  # every candidate, for the dataset (BEAM_RECORD=0: none)
+  best = beam_search(kernel, BEAM.value, build_candidate, arguments, measure, starts=((), hand_coded), name=kernel.name,
+                     record=lambda *row: recorded.append(row) if getenv("BEAM_RECORD", 1) else None)
+  if recorded: record_candidates(ast, device_key(device), recorded)
   verified = not getenv("BEAM_VERIFY", 1) or outputs_match(device, ast, best, buffers, outputs)
   if DEBUG >= 2 or not verified:
     print(f"BEAM {kernel.name}: {list(best)} {times.get(best, math.nan) * 1e6:.2f} us against the hand-coded "

@@ -136,18 +136,21 @@ def compile_pool() -> CompilePool:
 
 def beam_search(kernel: Kernel, width: int, build: Callable[..., Any], build_arguments: Callable[[tuple[Opt, ...]], tuple[Any, ...]],
                 measure: Callable[[tuple[Opt, ...], Any], float], starts: Sequence[tuple[Opt, ...]] = ((),), name: str = "",
-                pool: CompilePool | None = None) -> tuple[Opt, ...]:
+                pool: CompilePool | None = None, record: Callable[[tuple[Opt, ...], bool, float | None], Any] | None = None) -> tuple[Opt, ...]:
   """The fastest Opt list found. `build(*build_arguments(opts))` runs in a worker and returns (source, anything picklable) or None;
-  `measure(opts, built)` times it on the device in seconds (math.inf when it fails)."""
+  `measure(opts, built)` times it on the device in seconds (math.inf when it fails). `record(opts, built, seconds)` is told of each
+  candidate: whether it built, and its time (None: not built, or it failed to run); one of the same source as an earlier, not."""
   min_progress = getenv("BEAM_MIN_PROGRESS", 0.01)  # stop when no new candidate beats a beam entry by this fraction
   pool, seen_sources = pool or compile_pool(), set()
   def evaluate(candidates: list[tuple[Opt, ...]]) -> list[tuple[float, tuple[Opt, ...]]]:
     built = pool.map(build, [build_arguments(opts) for opts in candidates])
     timed = []
     for opts, result in zip(candidates, built):
+      if result is None and record is not None: record(opts, False, None)
       if result is None or result[0] in seen_sources: continue
       seen_sources.add(result[0])
-      timed.append((measure(opts, result), opts))
+      timed.append((seconds := measure(opts, result), opts))
+      if record is not None: record(opts, True, seconds if math.isfinite(seconds) else None)
     return [entry for entry in timed if math.isfinite(entry[0])]
   by_time: Callable[[tuple[float, tuple[Opt, ...]]], float] = lambda entry: entry[0]  # noqa: E731
   beam = sorted(evaluate(list(starts)), key=by_time)[:width]
@@ -203,7 +206,10 @@ def cache_path() -> Path: return Path(getenv("CACHEDB", str(cache_dir() / "beam.
 # file it did not make; in WAL mode (readers do not wait for a writer), each write one transaction, so processes share it safely
 APPLICATION_ID = 0x74696E63  # "tinc"
 TABLES = {"beam": "CREATE TABLE IF NOT EXISTS beam (key TEXT PRIMARY KEY, opts TEXT NOT NULL)",
-          "programs": "CREATE TABLE IF NOT EXISTS programs (key TEXT PRIMARY KEY, program TEXT NOT NULL, binary BLOB NOT NULL)"}
+          "programs": "CREATE TABLE IF NOT EXISTS programs (key TEXT PRIMARY KEY, program TEXT NOT NULL, binary BLOB NOT NULL)",
+          "kernels": "CREATE TABLE IF NOT EXISTS kernels (kernel TEXT PRIMARY KEY, ast TEXT NOT NULL)",
+          "candidates": "CREATE TABLE IF NOT EXISTS candidates (kernel TEXT NOT NULL, device TEXT NOT NULL, opts TEXT NOT NULL, "
+                        "built INTEGER NOT NULL, seconds REAL, PRIMARY KEY (kernel, device, opts))"}
 _checked: set[Path] = set()  # caches whose every page this process has read once (damage shows there)
 
 class CacheFileError(RuntimeError):
@@ -261,7 +267,7 @@ _opened: set[Path] = set()  # the files this process has connected to
 _forked_from: set[Path] = set()  # the files this process's parent (or an earlier ancestor) had connected to at the fork
 _inherited: list[threading.local] = []
 
-def _run(path: Path, statement: str, parameters: tuple[str | bytes, ...]) -> list[Any]:
+def _run(path: Path, statement: str, parameters: tuple[Any, ...]) -> list[Any]:
   if getattr(_held, "identity", None) != _identity(path):
     _forget()
     _held.connection = _connect(path)
@@ -283,7 +289,7 @@ def _keep_inherited() -> None:
   _forked_from.update(_opened)
 if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_keep_inherited)
 
-def cache_execute(statement: str, parameters: tuple[str | bytes, ...]) -> list[Any]:
+def cache_execute(statement: str, parameters: tuple[Any, ...]) -> list[Any]:
   """The rows of one statement run on the cache in its own transaction (the cache made where absent, rebuilt where damaged); none
   (after one warning) where the cache cannot be used."""
   path = cache_path()
@@ -312,5 +318,17 @@ def cache_get(key: str) -> tuple[Opt, ...] | None:
   try: return tuple(Opt(OptOps[op], axis, amount) for op, axis, amount in json.loads(rows[0][0]))
   except (ValueError, KeyError, TypeError): return None  # a row this version cannot read is a miss
 
-def cache_put(key: str, opts: Sequence[Opt]) -> None:
-  cache_execute("INSERT OR REPLACE INTO beam (key, opts) VALUES (?, ?)", (key, json.dumps([[opt.op.name, opt.axis, opt.amount] for opt in opts])))
+def opts_text(opts: Sequence[Opt]) -> str: return json.dumps([[opt.op.name, opt.axis, opt.amount] for opt in opts])
+def cache_put(key: str, opts: Sequence[Opt]) -> None: cache_execute("INSERT OR REPLACE INTO beam (key, opts) VALUES (?, ?)", (key, opts_text(opts)))
+
+def record_candidates(ast: LazyOp, device_key: str, rows: Sequence[tuple[tuple[Opt, ...], bool, float | None]]) -> None:
+  """The dataset: a searched kernel's AST text (table kernels, by its hash) and each candidate's Opt list, whether it built and its
+  time in seconds (table candidates), in the cache's sqlite file."""
+  text = ast_text(ast)
+  kernel = hashlib.sha256(text.encode()).hexdigest()
+  cache_execute("INSERT OR IGNORE INTO kernels (kernel, ast) VALUES (?, ?)", (kernel, text))
+  values = [(kernel, device_key, opts_text(opts), int(built), seconds) for opts, built, seconds in rows]
+  for start in range(0, len(values), 100):  # (SQLite takes up to 999 parameters a statement)
+    chunk = values[start:start + 100]
+    places = ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))
+    cache_execute(f"INSERT OR REPLACE INTO candidates (kernel, device, opts, built, seconds) VALUES {places}", sum(chunk, ()))
