@@ -68,7 +68,8 @@ def movement(rng, t, a):
   shape = a.shape[:axis] + (repeated,) + a.shape[axis + 1:]
   return t.expand(shape), np.broadcast_to(a, shape)
 
-def run_program(seed):
+def random_program(seed):
+  """A random program's outputs, each (tensor, numpy's result), unrealized."""
   rng = random.Random(seed)
   shape = tuple(rng.randrange(1, 6) for _ in range(rng.randrange(1, 4)))
   arrays = [np.random.default_rng(seed + i).standard_normal(shape).astype(np.float32) for i in range(2)]
@@ -85,7 +86,10 @@ def run_program(seed):
     elif kind < 0.7 and a.ndim > 0 and a.size > 0: t, a = row_read(rng, t, a)
     elif a.ndim > 0 and a.size > 0: t, a = movement(rng, t, a)
     pool.append((t, a))
-  outputs = rng.sample(pool[2:], min(len(pool) - 2, 3))
+  return rng.sample(pool[2:], min(len(pool) - 2, 3))
+
+def run_program(seed):
+  outputs = random_program(seed)
   Tensor.corealize([t for t, _ in outputs])
   for t, a in outputs:
     assert t.shape == a.shape, f"seed {seed}: shape {t.shape} vs numpy {a.shape}"

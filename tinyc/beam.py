@@ -18,7 +18,8 @@ from tinyc import profiler
 from tinyc.ops import LazyOp, MemBuffer, output_count
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.kernel import Kernel, KernelOptError, KernelTarget, Opt
-from tinyc.codegen.search import beam_search, cache_get, cache_key, cache_put, record_candidates
+from tinyc.codegen.search import beam_search, cache_get, cache_key, cache_put
+from tinyc.codegen.dataset import record_candidates
 from tinyc.device import Buffer, Built, Compiled, Program, build, codegen_settings
 
 TIMING_GROUPS = 2048  # a compute-bound GPU candidate is timed on at most this many work-groups (several waves on an H200), the time scaled up

@@ -320,15 +320,3 @@ def cache_get(key: str) -> tuple[Opt, ...] | None:
 
 def opts_text(opts: Sequence[Opt]) -> str: return json.dumps([[opt.op.name, opt.axis, opt.amount] for opt in opts])
 def cache_put(key: str, opts: Sequence[Opt]) -> None: cache_execute("INSERT OR REPLACE INTO beam (key, opts) VALUES (?, ?)", (key, opts_text(opts)))
-
-def record_candidates(ast: LazyOp, device_key: str, rows: Sequence[tuple[tuple[Opt, ...], bool, float | None]]) -> None:
-  """The dataset: a searched kernel's AST text (table kernels, by its hash) and each candidate's Opt list, whether it built and its
-  time in seconds (table candidates), in the cache's sqlite file."""
-  text = ast_text(ast)
-  kernel = hashlib.sha256(text.encode()).hexdigest()
-  cache_execute("INSERT OR IGNORE INTO kernels (kernel, ast) VALUES (?, ?)", (kernel, text))
-  values = [(kernel, device_key, opts_text(opts), int(built), seconds) for opts, built, seconds in rows]
-  for start in range(0, len(values), 100):  # (SQLite takes up to 999 parameters a statement)
-    chunk = values[start:start + 100]
-    places = ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))
-    cache_execute(f"INSERT OR REPLACE INTO candidates (kernel, device, opts, built, seconds) VALUES {places}", sum(chunk, ()))
