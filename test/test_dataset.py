@@ -1,7 +1,7 @@
 """BEAM's dataset (codegen/dataset.py): a kernel stored as JSON reads back as the same AST, and what a search recorded reads back
 as (AST, device, Opts, built, seconds) rows whose Opts apply to that AST."""
 from __future__ import annotations
-import os
+import math, os
 import pytest
 from tinyc import Device, Tensor
 from tinyc.dtype import dtypes
@@ -48,3 +48,18 @@ def test_the_dataset_reads_back_what_a_search_recorded(tinyc_device, tmp_path, m
     kernel = Kernel(ast, Device[Device.DEFAULT].target)
     for opt in opts: kernel.apply_opt(opt)
   assert list(candidates("no such device")) == [] and os.path.exists(tmp_path / "beam.db")
+
+@pytest.mark.parametrize("target", ["cpu", "h200"])
+def test_every_candidate_has_a_finite_feature_vector_that_its_opts_change(target):
+  """codegen/features.py: a fixed-length vector of finite floats for every candidate of a step of the search (the matmul's, and
+  attention's kernels on a GPU target with tensor cores too), computed from the Kernel alone; candidates with other layouts differ."""
+  from tinyc.codegen.features import FEATURE_NAMES, features
+  from tinyc.codegen.search import _replay, expansions
+  from test_register_mma import H200
+  kernel_target = H200 if target == "h200" else Device[Device.DEFAULT].target
+  asts = kernels_of(Tensor.empty(64, 48) @ Tensor.empty(48, 32)) + special_kernels()[:3]
+  for ast in asts:
+    start = Kernel(ast, kernel_target)
+    vectors = {tuple(features(_replay(start, opts))) for opts in [()] + expansions(start)[:40]}
+    assert all(len(vector) == len(FEATURE_NAMES) and all(math.isfinite(value) for value in vector) for vector in vectors)
+    assert len(vectors) > 1, ast
