@@ -118,6 +118,7 @@ def evaluate(args: argparse.Namespace) -> None:
   model, state = Model(), safe_load(args.model)
   for name, tensor in model.state().items(): tensor.assign(state[name].to(tensor.device)).realize()
   data = rows(Device.DEFAULT, held=not args.trained)  # (--trained: the training kernels, to tell underfitting from overfitting)
+  if not data: return print("no such kernels with 3 or more timed candidates: collect more")
   taus, within = [], []
   for ast, items in data.items():
     predicted = model(Tensor(np.array([f for f, _ in items], dtype=np.float32))).numpy().tolist()
