@@ -14,6 +14,7 @@ from tinyc.dtype import dtypes
 from tinyc.helpers import Context, prod
 from tinyc.ops import LoadOps
 from tinyc.schedule import create_schedule
+from tinyc.tensor import Tensor
 from test_tensor_cores import H200, LAYOUTS, TC_DTYPES, kernel_of, matmul_item, operands
 
 SM90 = dataclasses.replace(H200, warpgroups=True)
@@ -131,3 +132,14 @@ def test_warpgroups_match_numpy(layout, tinyc_device):
       tolerance = {dtypes.bfloat16: 2 ** -7, dtypes.float16: 2 ** -10, dtypes.float32: 2 ** -9}[dtype]  # TF32: 10-bit mantissas
       np.testing.assert_allclose(result.astype(np.float64).reshape(expected.shape), expected, rtol=tolerance,
                                  atol=tolerance * np.abs(expected).max(), err_msg=f"{shape} {plan} {dtype.name}")
+
+def test_warpgroup_on_tensor_cores_without_staged_operands_is_refused():
+  """WARPGROUP after a TC whose operands stay in registers (attention's, codegen/register_mma.py: nothing staged) raised ValueError
+  from unpacking no staged operands, which crashed a BEAM=2 search on the H200 (bench/beam_model.py collect); it is an illegal Opt."""
+  q, k, v = (Tensor.empty(1, 2, 64, 64, dtype=dtypes.float16) for _ in range(3))
+  out = q.scaled_dot_product_attention(k, v, is_causal=True)
+  item = next(item for item in create_schedule([out.lazydata]) if item.ast.op not in LoadOps)
+  kernel = Kernel(item.ast, SM90)
+  kernel.apply_opt(Opt(OptOps.TC, 0, 0))
+  assert kernel.nested_tc and not kernel.staged
+  with pytest.raises(KernelOptError, match="staged"): kernel.apply_opt(Opt(OptOps.WARPGROUP, 0, 0))

@@ -27,6 +27,7 @@ def check_warpgroup(self: Kernel, opt: Opt) -> None:
   for TF32, the only order in which wgmma reads 32-bit values."""
   check_opt(self.target.warpgroups, opt, "this device has no warpgroup mma (wgmma: CUDA sm_90)")
   check_opt(bool(self.axes(AxisKind.TC)) and not self.axes(AxisKind.SERIAL), opt, "WARPGROUP comes after TC and before PERSIST")
+  check_opt(len(self.staged) == 2, opt, "WARPGROUP reads TC's two operands staged in local memory (these are in registers)")
   a, b = warpgroup_operands(self)
   local, upcast = self.axes(AxisKind.LOCAL), self.axes(AxisKind.UPCAST)
   check_opt(len(local) == 1 and self.full_shape[local[0]] in (4, 8) and local[0] in self.tile_axes(a) and local[0] not in self.tile_axes(b),
