@@ -37,13 +37,13 @@ def corpus(fuzz: int) -> list:
   for m, n, k in ((256, 256, 256), (512, 128, 384), (1024, 64, 256), (200, 300, 100)):
     a, b = Tensor.empty(m, k), Tensor.empty(k, n)
     graphs += [a @ b, Tensor.empty(k, m).T @ b, a @ Tensor.empty(n, k).T, Tensor.empty(k, m).T @ Tensor.empty(n, k).T]
-  for step in (bt.GPT_CPU,):
-    model = bt.examples_gpt()(step.vocab, step.context, step.width, step.layers, step.heads)
-    ids, labels = (Tensor(part.astype(np.int32)) for part in bt.gpt_batch(step))
-    params = get_parameters(model)
-    for p in params: p.requires_grad = True
-    model(ids).sparse_categorical_crossentropy(labels).backward()
-    graphs += [p.grad for p in params if p.grad is not None]
+  config = bt.GPT_CPU
+  model = bt.examples_gpt()(config.vocab, config.context, config.width, config.layers, config.heads)
+  ids, labels = (Tensor(part.astype(np.int32)) for part in bt.gpt_batch(config))
+  params = get_parameters(model)
+  for p in params: p.requires_grad = True
+  model(ids).sparse_categorical_crossentropy(labels).backward()
+  graphs += [p.grad for p in params if p.grad is not None]
   for seed in range(fuzz): graphs += [t for t, _ in random_program(seed)]
   asts = [item.ast for item in create_schedule([t.lazydata for t in graphs]) if item.ast.op not in LoadOps]
   return list(dict.fromkeys(ast for ast in asts if not Kernel(ast).vars))

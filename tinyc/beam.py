@@ -74,7 +74,7 @@ def search(device: Compiled, ast: LazyOp) -> tuple[tuple[Opt, ...], bool]:
                             settings, device.program_key(ast, opts))
   recorded: list[tuple[tuple[Opt, ...], bool, float | None]] = []  # every candidate, for the dataset (BEAM_RECORD=0: none)
   best = beam_search(kernel, BEAM.value, build_candidate, arguments, measure, starts=((), hand_coded), name=kernel.name,
-                     record=lambda *row: recorded.append(row) if getenv("BEAM_RECORD", 1) else None)
+                     record=(lambda *row: recorded.append(row)) if getenv("BEAM_RECORD", 1) else None)
   if recorded: record_candidates(ast, device_key(device), recorded)
   verified = not getenv("BEAM_VERIFY", 1) or outputs_match(device, ast, best, buffers, outputs)
   if DEBUG >= 2 or not verified:

@@ -102,7 +102,9 @@ def accumulate_steps(lin: Linearizer, op: ReduceOps, steps: list[tuple[UOp, list
   """Each (accumulator, lanes) step of a reduce's trip added to its accumulator, in order; where the reduce has no loop (`unlooped`),
   each accumulator's steps in chains first; with `fresh`, each step's broadcast elements read again (fresh_operands)."""
   folds: dict[UOp, list[UOp]] = {}
-  for acc, lanes in steps: folds.setdefault(acc, []).append(fresh_operands(lin, pack(lin.uop, lanes)) if fresh else pack(lin.uop, lanes))
+  for acc, lanes in steps:
+    value = pack(lin.uop, lanes)
+    folds.setdefault(acc, []).append(fresh_operands(lin, value) if fresh else value)
   alu = BinaryOps.ADD if op is ReduceOps.SUM else BinaryOps.MAX
   for acc, values in folds.items():
     for value in chains(lin, alu, values) if unlooped else values: lin.accumulate(op, acc, value)
