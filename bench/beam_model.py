@@ -21,12 +21,15 @@ from tinyc import Device, Tensor
 from tinyc.helpers import Context
 from tinyc.ops import LoadOps
 from tinyc.schedule import create_schedule
-from tinyc.codegen.dataset import candidates
+from tinyc.codegen.dataset import candidates, targets
+from tinyc.codegen.search import ast_text
 from tinyc.codegen.features import FEATURE_NAMES, features
 from tinyc.codegen.kernel import Kernel, KernelOptError
 from tinyc.nn import Linear
-from tinyc.nn.optim import Adam
-from tinyc.nn.state import get_parameters, safe_load, safe_save
+from tinyc.nn.optim import AdamW
+from tinyc.nn.state import get_parameters, safe_save
+from tinyc.safetensors import read_arrays
+from tinyc.codegen.cost_model import CostModel
 from tinyc import beam
 
 def corpus(fuzz: int) -> list:
@@ -49,8 +52,10 @@ def corpus(fuzz: int) -> list:
   return list(dict.fromkeys(ast for ast in asts if not Kernel(ast).vars))
 
 def collect(args: argparse.Namespace) -> None:
-  device, asts = Device[Device.DEFAULT], corpus(args.fuzz)
-  print(f"{len(asts)} kernels to search on {device.name}", flush=True)
+  device = Device[Device.DEFAULT]
+  known = {ast_text(ast) for ast, key, *_ in candidates() if key == beam.device_key(device)}
+  asts = [ast for ast in corpus(args.fuzz) if ast_text(ast) not in known]  # (collect again: only the kernels not searched yet)
+  print(f"{len(asts)} kernels to search on {device.name} ({len(known)} searched before)", flush=True)
   started = time.perf_counter()
   os.environ.update(BEAM_MAX_STEPS=str(args.steps), BEAM_PROGRESS="0", IGNORE_BEAM_CACHE="1")
   for number, ast in enumerate(asts):
@@ -62,9 +67,10 @@ def held_out(ast) -> bool: return hashlib.sha256(repr(ast).encode()).digest()[0]
 def rows(device_key_prefix: str, held: bool) -> dict:
   """{kernel AST: [(features, seconds)]} of this device's built, timed candidates, held-out kernels or the others."""
   found: dict = {}
+  device_targets = targets()
   for ast, device, opts, built, seconds in candidates():
     if not device.startswith(device_key_prefix) or not built or not seconds or held_out(ast) != held: continue
-    kernel = Kernel(ast, Device[Device.DEFAULT].target)
+    kernel = Kernel(ast, device_targets[device])
     try:
       for opt in opts: kernel.apply_opt(opt)
     except KernelOptError: continue  # (recorded by another version of tinyc)
@@ -72,62 +78,122 @@ def rows(device_key_prefix: str, held: bool) -> dict:
   return {ast: items for ast, items in found.items() if len(items) >= 3}
 
 class Model:
-  def __init__(self) -> None:
-    self.layers = [Linear(len(FEATURE_NAMES), 64), Linear(64, 64), Linear(64, 1)]
+  def __init__(self, hidden: tuple[int, ...] = (64, 64)) -> None:
+    sizes = [len(FEATURE_NAMES), *hidden, 1]
+    self.layers = [Linear(fan_in, fan_out) for fan_in, fan_out in zip(sizes, sizes[1:])]
     self.mean, self.scale = Tensor.zeros(len(FEATURE_NAMES)), Tensor.ones(len(FEATURE_NAMES))
   def __call__(self, x: Tensor) -> Tensor:
     x = (x - self.mean) / self.scale
     for layer in self.layers[:-1]: x = layer(x).relu()
-    return self.layers[-1](x).reshape(-1)
+    return self.layers[-1](x).squeeze(-1)
   def state(self) -> dict[str, Tensor]:
     return {"mean": self.mean, "scale": self.scale, **{f"layer{i}.{name}": getattr(layer, name) for i, layer in enumerate(self.layers)
                                                          for name in ("weight", "bias")}}
+  def arrays(self) -> dict[str, np.ndarray]: return {name: tensor.numpy().copy() for name, tensor in self.state().items()}
 
-def relative_log_times(items: list) -> np.ndarray:
-  logs = np.log2([seconds for _, seconds in items])
-  return (logs - logs.mean()).astype(np.float32)
+def padded(data: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The kernels' candidates as (kernels, most candidates, features) features, log2 times and a mask of the real candidates."""
+  width = max(len(items) for items in data.values())
+  x = np.zeros((len(data), width, len(FEATURE_NAMES)), np.float32)
+  logs, mask = np.zeros((len(data), width), np.float32), np.zeros((len(data), width), np.float32)
+  for number, items in enumerate(data.values()):
+    x[number, :len(items)] = [f for f, _ in items]
+    logs[number, :len(items)] = np.log2([seconds for _, seconds in items])
+    mask[number, :len(items)] = 1
+  return x, logs, mask
 
-def train(args: argparse.Namespace) -> None:
-  data = rows(Device.DEFAULT, held=False)
-  x = np.array([f for items in data.values() for f, _ in items], dtype=np.float32)
-  y = np.concatenate([relative_log_times(items) for items in data.values()])
-  print(f"training on {len(data)} kernels, {len(x)} candidates", flush=True)
-  Tensor.manual_seed(0)
-  model = Model()
-  model.mean, model.scale = Tensor(x.mean(0)), Tensor(x.std(0) + 1e-3)
+def loss_fn(model: Model, x: Tensor, logs: np.ndarray, mask: np.ndarray, args: argparse.Namespace) -> Tensor:
+  """ListNet: per kernel, the cross-entropy between softmax(-log2 time / T) of the measured times and softmax(-score) of the model's,
+  plus `mse` times the squared error of the scores against the log2 times relative to the kernel's best, capped at `cap` (how slow
+  a slow candidate is matters little), less the kernel's mean of both."""
+  best = np.where(mask > 0, logs, np.inf).min(1, keepdims=True)
+  target = np.exp(-(logs - best) / args.temperature) * mask
+  target /= target.sum(1, keepdims=True)
+  scores = model(x)
+  log_q = (-scores + Tensor((mask - 1) * 1e4)).log_softmax(1)
+  listnet = -(log_q * Tensor(target)).sum(1).mean()
+  if not args.mse: return listnet
+  rel = np.minimum(logs - best, args.cap) * mask
+  rel = (rel - rel.sum(1, keepdims=True) / mask.sum(1, keepdims=True)) * mask
+  m = Tensor(mask)
+  centered = (scores - (scores * m).sum(1, keepdim=True) / m.sum(1, keepdim=True)) * m
+  return listnet + args.mse * ((centered - Tensor(rel)) ** 2).sum() / float(mask.sum())
+
+def fit(data: dict, args: argparse.Namespace, steps: int, validation: dict | None = None) -> tuple[Model, list]:
+  """Train a model on `data` for `steps` full-batch steps; with `validation`, its metrics every 50 steps."""
+  x_np, logs, mask = padded(data)
+  flat = x_np[mask > 0]
+  Tensor.manual_seed(args.seed)
+  model = Model(tuple(args.hidden))
+  model.mean, model.scale = Tensor(flat.mean(0)), Tensor(flat.std(0) + 1e-3)
   params = [p for layer in model.layers for p in (layer.weight, layer.bias)]
-  optimizer = Adam(params, lr=1e-3)
-  inputs, targets = Tensor(x), Tensor(y)
+  optimizer = AdamW(params, lr=args.lr, weight_decay=args.wd)
+  x, history = Tensor(x_np), []
   Tensor.training = True
-  for step in range(args.steps):
+  for step in range(steps):
     optimizer.zero_grad()
-    loss = ((model(inputs) - targets) ** 2).mean()
+    loss = loss_fn(model, x, logs, mask, args)
     loss.backward()
     optimizer.step()
-    if step % 200 == 0 or step == args.steps - 1: print(f"  step {step}: loss {loss.item():.4f}", flush=True)
+    if validation is not None and ((step + 1) % 50 == 0 or step == steps - 1):
+      Tensor.training = False
+      history.append((step + 1, loss.item(), metrics(CostModel(model.arrays()), validation)))
+      Tensor.training = True
+      print(f"  step {step + 1}: loss {history[-1][1]:.4f}, validation {describe(history[-1][2])}", flush=True)
   Tensor.training = False
-  safe_save(model.state(), args.out, metadata={"device": Device.DEFAULT, "features": ",".join(FEATURE_NAMES)})
-  print(f"saved {args.out}")
+  return model, history
+
+def split(data: dict) -> tuple[dict, dict]:
+  """The training kernels split for validation by another byte of their hash, one in five validating."""
+  chosen = {ast: hashlib.sha256(repr(ast).encode()).digest()[1] % 5 == 0 for ast in data}
+  return {a: v for a, v in data.items() if not chosen[a]}, {a: v for a, v in data.items() if chosen[a]}
+
+def train(args: argparse.Namespace) -> None:
+  started = time.perf_counter()
+  data = rows(args.device, held=False)
+  print(f"training on {len(data)} kernels, {sum(len(items) for items in data.values())} candidates", flush=True)
+  steps = args.steps
+  if args.validate:  # choose the number of steps on a fifth of the training kernels, then train on all of them
+    fitting, validating = split(data)
+    print(f"validating on {len(validating)} of them", flush=True)
+    _, history = fit(fitting, args, args.steps, validating)
+    steps = max(history, key=lambda item: (round(item[2]["tau"], 2) + item[2]["top4"], -item[0]))[0]
+    print(f"best at step {steps}")
+  model, _ = fit(data, args, steps)
+  safe_save(model.state(), args.out, metadata={"device": args.device, "features": ",".join(FEATURE_NAMES)})
+  print(f"saved {args.out} ({time.perf_counter() - started:.0f} s)")
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
   pairs = [(i, j) for i in range(len(a)) for j in range(i + 1, len(a)) if a[i] != a[j] and b[i] != b[j]]
   if not pairs: return 0.0
   return sum(1 if (a[i] - a[j]) * (b[i] - b[j]) > 0 else -1 for i, j in pairs) / len(pairs)
 
-def evaluate(args: argparse.Namespace) -> None:
-  model, state = Model(), safe_load(args.model)
-  for name, tensor in model.state().items(): tensor.assign(state[name].to(tensor.device)).realize()
-  data = rows(Device.DEFAULT, held=not args.trained)  # (--trained: the training kernels, to tell underfitting from overfitting)
-  if not data: return print("no such kernels with 3 or more timed candidates: collect more")
-  taus, within = [], []
-  for ast, items in data.items():
-    predicted = model(Tensor(np.array([f for f, _ in items], dtype=np.float32))).numpy().tolist()
+def metrics(model: CostModel, data: dict) -> dict[str, float]:
+  """Mean Kendall tau, how often the model's top pick is within 10% of the measured best, how often the best is in its top 4."""
+  taus, within, top4 = [], [], []
+  for items in data.values():
+    predicted = model.predict(np.array([f for f, _ in items], dtype=np.float32))
     measured = [seconds for _, seconds in items]
-    taus.append(kendall_tau(predicted, measured))
+    taus.append(kendall_tau(predicted.tolist(), measured))
     within.append(measured[int(np.argmin(predicted))] <= 1.1 * min(measured))
-  print(f"{'training' if args.trained else 'held-out'} kernels: {len(data)}, candidates {sum(len(items) for items in data.values())}")
-  print(f"Kendall tau: mean {statistics.mean(taus):.3f}, median {statistics.median(taus):.3f}")
-  print(f"top pick within 10% of the best: {sum(within)}/{len(within)} = {sum(within) / max(len(within), 1):.0%}")
+    top4.append(min(measured[i] for i in np.argsort(predicted, kind="stable")[:4]) <= min(measured))
+  return {"kernels": len(taus), "tau": statistics.mean(taus), "median": statistics.median(taus), "top1": statistics.mean(within),
+          "top4": statistics.mean(top4)}
+
+def describe(m: dict) -> str:
+  return (f"{m['kernels']} kernels: tau mean {m['tau']:.3f} (median {m['median']:.3f}), top pick within 10% of the best {m['top1']:.0%}, "
+          f"best in top 4 {m['top4']:.0%}")
+
+def evaluate(args: argparse.Namespace) -> None:
+  model = CostModel({name: array.astype(np.float32) for name, (array, _) in read_arrays(args.model).items()})
+  data = rows(args.device, held=not args.trained)  # (--trained: the training kernels, to tell underfitting from overfitting)
+  if not data: return print("no such kernels with 3 or more timed candidates: collect more")
+  spread = {ast: items for ast, items in data.items() if max(s for _, s in items) >= 1.2 * min(s for _, s in items)}
+  slow = {ast: items for ast, items in data.items() if min(s for _, s in items) >= 5e-6}
+  print(f"{'training' if args.trained else 'held-out'} kernels, {sum(len(items) for items in data.values())} candidates")
+  print(f"  all: {describe(metrics(model, data))}")
+  print(f"  times spread >= 1.2x: {describe(metrics(model, spread))}")
+  if slow: print(f"  best >= 5 us: {describe(metrics(model, slow))}")
 
 if __name__ == "__main__":
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,6 +201,11 @@ if __name__ == "__main__":
   c = commands.add_parser("collect"); c.add_argument("--fuzz", type=int, default=40); c.add_argument("--steps", type=int, default=2)
   default_path = f"beam_model_{Device.DEFAULT.lower()}.safetensors"
   t = commands.add_parser("train"); t.add_argument("--out", default=default_path); t.add_argument("--steps", type=int, default=1000)
+  t.add_argument("--hidden", type=int, nargs="*", default=[64, 64]); t.add_argument("--lr", type=float, default=1e-3)
+  t.add_argument("--wd", type=float, default=1e-2); t.add_argument("--temperature", type=float, default=0.5)
+  t.add_argument("--mse", type=float, default=0.1); t.add_argument("--cap", type=float, default=3.0); t.add_argument("--seed", type=int, default=0)
+  t.add_argument("--validate", action="store_true", help="pick the step count on a fifth of the training kernels first")
   e = commands.add_parser("eval"); e.add_argument("--model", default=default_path); e.add_argument("--trained", action="store_true")
+  for sub in (t, e): sub.add_argument("--device", default=Device.DEFAULT, help="the device keys' prefix (CUDA: the H200 rows)")
   args = parser.parse_args()
   {"collect": collect, "train": train, "eval": evaluate}[args.command](args)

@@ -15,13 +15,17 @@ import numpy as np
 from tinyc.dtype import dtypes
 from tinyc.helpers import ALLOW_TF32, BEAM, DEBUG, getenv, prod
 from tinyc import profiler
-from tinyc.ops import LazyOp, MemBuffer, output_count
+from tinyc.ops import BufferOps, ConstBuffer, LazyOp, MemBuffer, output_count
+from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.kernel import Kernel, KernelOptError, KernelTarget, Opt
 from tinyc.codegen.search import beam_search, cache_get, cache_key, cache_put
 from tinyc.codegen.dataset import record_candidates
+from tinyc.codegen.cost_model import load as load_model, model_path
 from tinyc.device import Buffer, Built, Compiled, Program, build, codegen_settings
 
+ROOFLINE_SLACK = 1.1  # a search ends once its best is within this factor of the kernel's roofline bound (roofline_seconds)
+COPY_ELEMENTS = 1 << 24  # the float32s of the copy that measures a device's bandwidth (device_speed)
 TIMING_GROUPS = 2048  # a compute-bound GPU candidate is timed on at most this many work-groups (several waves on an H200), the time scaled up
 
 _chosen: dict[tuple[str, LazyOp, bool], tuple[Opt, ...]] = {}
@@ -29,18 +33,60 @@ _searching = threading.Lock()
 
 def beam_opts(device: Compiled, ast: LazyOp) -> tuple[Opt, ...]:
   """The Opts BEAM=n chose for this kernel: from this process's memory, the on-disk cache, or a new search."""
-  chosen_key = (device.name, ast, bool(ALLOW_TF32))  # TF32 changes what the Opts may do
-  if (opts := _chosen.get(chosen_key)) is not None: return opts
+  if (opts := _chosen.get(chosen_key := _chosen_key(device, ast))) is not None: return opts
   with _searching:
-    if (opts := _chosen.get(chosen_key)) is not None: return opts
-    key = cache_key(ast, device_key(device))
-    opts = cache_get(key)
-    if opts is not None and not _applies(ast, opts, device.target): opts = None  # written by another version of tinyc: search again
-    if opts is None:
-      with profiler.span("BEAM search", "beam", device=device.name): opts, verified = search(device, ast)
-      if verified: cache_put(key, opts)
-    _chosen[chosen_key] = opts
+    if (opts := _chosen.get(chosen_key)) is None: opts = _chosen[chosen_key] = _cached_opts(device, ast) or _search_and_cache(device, ast)
   return opts
+
+def _chosen_key(device: Compiled, ast: LazyOp) -> tuple[str, LazyOp, bool]:
+  return (device.name, ast, bool(ALLOW_TF32))  # TF32 changes what the Opts may do
+
+def _cached_opts(device: Compiled, ast: LazyOp) -> tuple[Opt, ...] | None:
+  opts = cache_get(cache_key(ast, device_key(device)))
+  return opts if opts is not None and _applies(ast, opts, device.target) else None  # (written by another version of tinyc: search again)
+
+def _search_and_cache(device: Compiled, ast: LazyOp) -> tuple[Opt, ...]:
+  with profiler.span("BEAM search", "beam", device=device.name): opts, verified = search(device, ast)
+  if verified: cache_put(cache_key(ast, device_key(device)), opts)
+  return opts
+
+def beam_plan(device: Compiled, asts: list[LazyOp]) -> None:
+  """BEAM=n over a whole schedule (a model's step) before it runs: kernels equal up to their buffers are one search; each new kernel's
+  hand-coded program is timed once, and the kernels that together take at most BEAM_SKIP_SHARE of the schedule's time (the fastest,
+  counting repeats) keep their hand-coded Opts unsearched (in this process's memory only: another schedule may weigh them
+  otherwise); the others are searched, the heaviest first, under one progress line for the schedule."""
+  with _searching:
+    counts: dict[LazyOp, int] = {}
+    for ast in asts:
+      if (chosen_key := _chosen_key(device, ast)) in _chosen: continue
+      if (opts := _cached_opts(device, ast)) is not None: _chosen[chosen_key] = opts
+      else: counts[ast] = counts.get(ast, 0) + 1
+    if len(counts) < 2: return
+    hand_coded = {ast: tuple(hand_coded_optimizations(Kernel(ast, device.target))) for ast in counts}
+    device.build_all(list(hand_coded.items()))
+    weights = {ast: count * _seconds(device, ast, hand_coded[ast]) for ast, count in counts.items()}
+    order, total, skipped = sorted(counts, key=weights.__getitem__), sum(w for w in weights.values() if math.isfinite(w)), 0.0
+    while order and skipped + weights[order[0]] <= getenv("BEAM_SKIP_SHARE", 0.05) * total:
+      skipped += weights[order[0]]
+      _chosen[_chosen_key(device, ast := order.pop(0))] = hand_coded[ast]
+    started, skipped_count = time.perf_counter(), len(counts) - len(order)
+    for done, ast in enumerate(reversed(order)):
+      _plan_progress(done, len(order), time.perf_counter() - started, skipped_count, skipped / max(total, 1e-12))
+      _chosen[_chosen_key(device, ast)] = _search_and_cache(device, ast)
+    _plan_progress(len(order), len(order), time.perf_counter() - started, skipped_count, skipped / max(total, 1e-12))
+
+def _seconds(device: Compiled, ast: LazyOp, opts: tuple[Opt, ...], runs: int = 2) -> float:
+  """One program's time on random real-size buffers (math.inf where it fails to build or run: searched first)."""
+  try:
+    program = device.get_program(ast, opts)
+    return time_program(program, _random_buffers(device.name, Kernel(ast, device.target), output_count(ast)), device.threads, math.inf, runs)
+  except (RuntimeError, OSError, ValueError): return math.inf
+
+def _plan_progress(done: int, total: int, elapsed: float, skipped: int, skipped_share: float) -> None:
+  if DEBUG < 1 and not getenv("BEAM_PROGRESS", 1): return
+  left = f", about {elapsed / done * (total - done):.0f} s left" if 0 < done < total else ""
+  print(f"BEAM: {done}/{total} kernels searched in {elapsed:.1f} s{left} ({skipped} more kept hand-coded: "
+        f"{skipped_share:.1%} of the step's time)", file=sys.stderr, flush=True)
 
 def device_key(device: Compiled) -> str: return f"{device.name}|{device.arch}|{device.language}" + ("|tf32" if ALLOW_TF32 else "")
 
@@ -73,9 +119,12 @@ def search(device: Compiled, ast: LazyOp) -> tuple[tuple[Opt, ...], bool]:
   arguments = lambda opts: (ast, opts, device.target, device.threads, device.max_local, device.render, device.compile_binary,  # noqa: E731
                             settings, device.program_key(ast, opts))
   recorded: list[tuple[tuple[Opt, ...], bool, float | None]] = []  # every candidate, for the dataset (BEAM_RECORD=0: none)
+  model = load_model(path) if (path := model_path(device.target)) is not None else None
   best = beam_search(kernel, BEAM.value, build_candidate, arguments, measure, starts=((), hand_coded), name=kernel.name,
-                     record=(lambda *row: recorded.append(row)) if getenv("BEAM_RECORD", 1) else None)
-  if recorded: record_candidates(ast, device_key(device), recorded)
+                     record=(lambda *row: recorded.append(row)) if getenv("BEAM_RECORD", 1) else None,
+                     rank=model.rank if model is not None else None, top=getenv("BEAM_MODEL_TOP", 4),
+                     good_enough_s=ROOFLINE_SLACK * roofline_seconds(device, kernel))
+  if recorded: record_candidates(ast, device_key(device), device.target, recorded)
   verified = not getenv("BEAM_VERIFY", 1) or outputs_match(device, ast, best, buffers, outputs)
   if DEBUG >= 2 or not verified:
     print(f"BEAM {kernel.name}: {list(best)} {times.get(best, math.nan) * 1e6:.2f} us against the hand-coded "
@@ -88,6 +137,26 @@ def build_candidate(*arguments: Any) -> tuple[str, Built]:
   differs with the Opts): beam_search times candidates with equal sources once."""
   built = build(*arguments)
   return built.source.replace(built.name, "kernel"), built
+
+def roofline_seconds(device: Compiled, kernel: Kernel) -> float:
+  """The least time the kernel could take: a launch plus reading and writing each of its buffers once at the device's bandwidth,
+  both measured (`device_speed`). Compute is not bounded: tensor cores outrun any float32 ceiling."""
+  launch_s, bytes_per_s = device_speed(device)
+  return launch_s + sum(buf.dtype.itemsize * buf.st.real_size() for buf in kernel.bufs if not isinstance(buf, ConstBuffer)) / bytes_per_s
+
+_speeds: dict[str, tuple[float, float]] = {}
+def device_speed(device: Compiled) -> tuple[float, float]:
+  """(seconds a launch takes, bytes a second a copy moves), measured once a process on the device, as candidates are timed: a
+  one-element copy kernel and a 64 MiB one, their hand-coded programs."""
+  if device.name not in _speeds:
+    def copy(elements: int) -> float:
+      st = ShapeTracker.from_shape((elements,))
+      load = LazyOp(BufferOps.LOAD, (), MemBuffer(1, dtypes.float32, st))
+      ast = LazyOp(BufferOps.SINK, (LazyOp(BufferOps.STORE, (load,), MemBuffer(0, dtypes.float32, st)),))
+      return _seconds(device, ast, tuple(hand_coded_optimizations(Kernel(ast, device.target))), runs=5)
+    launch_s = copy(1)
+    _speeds[device.name] = (launch_s, 2 * 4 * COPY_ELEMENTS / max(copy(COPY_ELEMENTS) - launch_s, 1e-9))
+  return _speeds[device.name]
 
 def time_program(program: Program, buffers: list[Buffer], scale_down: bool, best_s: float, runs: int = 3) -> float:
   """The fastest of a few runs, in seconds. A compute-bound GPU kernel with more than TIMING_GROUPS work-groups runs on fewer (they

@@ -14,7 +14,7 @@ from tinyc.ops import LazyOp, LoadOps, ScheduleItem, unbind_ast
 from tinyc.shape.symbolic import Variable, sym_max
 from tinyc.codegen.kernel import Opt
 from tinyc.device import Buffer, Compiled, Device, Program, copy_buffer
-from tinyc.beam import beam_opts
+from tinyc.beam import beam_opts, beam_plan
 from tinyc.lazy import LazyBuffer
 from tinyc.schedule import create_schedule, planned_schedule
 from tinyc import index_check, profiler
@@ -111,12 +111,15 @@ def _build_all(schedule: list[ScheduleItem]) -> None:
   """Build the schedule's new kernels at once, each device's in worker processes, before the first runs (Compiled.build_all). A
   schedule shorter than PARALLEL_BUILD gets its kernels one at a time, as they run."""
   if not (least := PARALLEL_BUILD.value) or len(schedule) < least: return
-  kernels: dict[str, list[tuple[LazyOp, tuple[Opt, ...] | None]]] = {}
+  unbound: dict[str, list[tuple[LazyOp, bool]]] = {}  # device -> (AST, whether it has symbolic sizes)
   for item in schedule:
     if item.ast.op in (LoadOps.COPY, LoadOps.EMPTY): continue
     ast, var_vals = unbind_ast(item.ast)
-    kernels.setdefault(device := item.outs[0].device, []).append((ast, None if var_vals else _opts(ast, Device[device])))
-  for device_name, asts in kernels.items(): Device[device_name].build_all(asts)
+    unbound.setdefault(item.outs[0].device, []).append((ast, bool(var_vals)))
+  for device_name, asts in unbound.items():
+    device = Device[device_name]
+    if BEAM.value >= 1 and device.compile_binary is not None: beam_plan(device, [ast for ast, symbolic in asts if not symbolic])
+    device.build_all([(ast, None if symbolic else _opts(ast, device)) for ast, symbolic in asts])
 
 def _run(step: Callable[[list[Buffer], dict[Variable, int], profiler.Shown], None], buffers: list[Buffer | None], var_vals: dict[Variable, int],
          shown: profiler.Shown) -> None:

@@ -5,13 +5,13 @@ A kernel is stored as JSON that reads back into the same AST (`ast_json`, `ast_f
 model is trained, so a new feature needs no new search. Schema in design.md section 8.
 """
 from __future__ import annotations
-import hashlib, json
+import dataclasses, hashlib, json
 from typing import Any, Iterator, Sequence
 from tinyc.dtype import BY_NAME, DType
 from tinyc.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, LoadOps, MemBuffer, MovementOps, ReduceOps, TernaryOps, UnaryOps
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.shape.view import View
-from tinyc.codegen.kernel import Opt, OptOps
+from tinyc.codegen.kernel import KernelTarget, Opt, OptOps
 from tinyc.codegen.search import ast_text, cache_execute, opts_text
 
 OP_KINDS = {kind.__name__: kind for kind in (UnaryOps, BinaryOps, TernaryOps, ReduceOps, MovementOps, BufferOps, LoadOps)}
@@ -41,16 +41,23 @@ def ast_from_json(text: str) -> LazyOp:
     return LazyOp(OP_KINDS[kind][name], tuple(node(src) for src in item[2]), arg(item[1]))
   return node(json.loads(text))
 
-def record_candidates(ast: LazyOp, device_key: str, rows: Sequence[tuple[tuple[Opt, ...], bool, float | None]]) -> None:
-  """A searched kernel (table kernels: the hash of its AST text, the AST as JSON) and each candidate's Opt list, whether it built and
-  its time in seconds (table candidates)."""
+def record_candidates(ast: LazyOp, device_key: str, target: KernelTarget, rows: Sequence[tuple[tuple[Opt, ...], bool, float | None]]) -> None:
+  """A searched kernel (table kernels: the hash of its AST text, the AST as JSON), the device's KernelTarget (table devices: its
+  fields as JSON, which features need) and each candidate's Opt list, whether it built and its time in seconds (table candidates)."""
   kernel = hashlib.sha256(ast_text(ast).encode()).hexdigest()
+  cache_execute("INSERT OR REPLACE INTO devices (device, target) VALUES (?, ?)", (device_key, json.dumps(dataclasses.asdict(target))))
   cache_execute("INSERT OR IGNORE INTO kernels (kernel, ast) VALUES (?, ?)", (kernel, ast_json(ast)))
   values = [(kernel, device_key, opts_text(opts), int(built), seconds) for opts, built, seconds in rows]
   for start in range(0, len(values), 100):  # (SQLite takes up to 999 parameters a statement)
     chunk = values[start:start + 100]
     places = ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))
     cache_execute(f"INSERT OR REPLACE INTO candidates (kernel, device, opts, built, seconds) VALUES {places}", sum(chunk, ()))
+
+def targets() -> dict[str, KernelTarget]:
+  """Each recorded device's KernelTarget, by device key."""
+  def target(fields: dict[str, Any]) -> KernelTarget:
+    return KernelTarget(**{name: tuple(value) if isinstance(value, list) else value for name, value in fields.items()})
+  return {device: target(json.loads(text)) for device, text in cache_execute("SELECT device, target FROM devices", ())}
 
 def candidates(device_key: str | None = None) -> Iterator[tuple[LazyOp, str, tuple[Opt, ...], bool, float | None]]:
   """The dataset's rows, each (the kernel's AST, the device key, the Opt list, whether it built, its seconds), of one device or all."""

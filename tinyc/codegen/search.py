@@ -31,16 +31,18 @@ ACTIONS: list[Opt] = [Opt(op, axis, amount) for op, axes, amounts in [
 # searched up to that many had so many slow-compiling candidates that the CNN train step's search took 96 s instead of 32.
 SEARCH_MAX_UPCAST = 256
 
-def expansions(kernel: Kernel) -> list[tuple[Opt, ...]]:
-  """Every Opt list that is `kernel`'s plus one legal action (apply_opt prunes too many upcasts and locals over the limits), and
-  that grows the upcast lanes to at most SEARCH_MAX_UPCAST (or keeps them)."""
-  found = []
+def expansions(kernel: Kernel) -> list[tuple[Opt, ...]]: return list(expanded(kernel))
+
+def expanded(kernel: Kernel) -> dict[tuple[Opt, ...], Kernel]:
+  """Each Opt list that is `kernel`'s plus one legal action (apply_opt prunes too many upcasts and locals over the limits), and
+  that grows the upcast lanes to at most SEARCH_MAX_UPCAST (or keeps them), with its kernel."""
+  found = {}
   for action in ACTIONS:
     candidate = kernel.copy()
     try: candidate.apply_opt(action)
     except KernelOptError: continue
     if candidate.upcast_size > max(SEARCH_MAX_UPCAST, kernel.upcast_size): continue
-    found.append(tuple(candidate.applied_opts))
+    found[tuple(candidate.applied_opts)] = candidate
   return found
 
 # ***** worker processes *****
@@ -136,10 +138,13 @@ def compile_pool() -> CompilePool:
 
 def beam_search(kernel: Kernel, width: int, build: Callable[..., Any], build_arguments: Callable[[tuple[Opt, ...]], tuple[Any, ...]],
                 measure: Callable[[tuple[Opt, ...], Any], float], starts: Sequence[tuple[Opt, ...]] = ((),), name: str = "",
-                pool: CompilePool | None = None, record: Callable[[tuple[Opt, ...], bool, float | None], Any] | None = None) -> tuple[Opt, ...]:
+                pool: CompilePool | None = None, record: Callable[[tuple[Opt, ...], bool, float | None], Any] | None = None,
+                rank: Callable[[list[Kernel]], list[int]] | None = None, top: int = 0, good_enough_s: float = 0.0) -> tuple[Opt, ...]:
   """The fastest Opt list found. `build(*build_arguments(opts))` runs in a worker and returns (source, anything picklable) or None;
   `measure(opts, built)` times it on the device in seconds (math.inf when it fails). `record(opts, built, seconds)` is told of each
-  candidate: whether it built, and its time (None: not built, or it failed to run); one of the same source as an earlier, not."""
+  candidate: whether it built, and its time (None: not built, or it failed to run); one of the same source as an earlier, not.
+  With `rank` (a cost model: the candidates' positions, the one predicted fastest first) a step builds only the `top` it ranks
+  first. The search ends once the best takes `good_enough_s` or less (a roofline bound: nothing can gain much on it)."""
   min_progress = getenv("BEAM_MIN_PROGRESS", 0.01)  # stop when no new candidate beats a beam entry by this fraction
   pool, seen_sources = pool or compile_pool(), set()
   def evaluate(candidates: list[tuple[Opt, ...]]) -> list[tuple[float, tuple[Opt, ...]]]:
@@ -153,11 +158,16 @@ def beam_search(kernel: Kernel, width: int, build: Callable[..., Any], build_arg
       if record is not None: record(opts, True, seconds if math.isfinite(seconds) else None)
     return [entry for entry in timed if math.isfinite(entry[0])]
   by_time: Callable[[tuple[float, tuple[Opt, ...]]], float] = lambda entry: entry[0]  # noqa: E731
+  tried = set(starts)
   beam = sorted(evaluate(list(starts)), key=by_time)[:width]
   if not beam: return tuple(starts[0])
   for step in range(1, getenv("BEAM_MAX_STEPS", 20) + 1):
     _progress(name, step, beam[0][0], len(seen_sources))
-    candidates = list(dict.fromkeys(opts for _, start in beam for opts in expansions(_replay(kernel, start))))
+    if beam[0][0] <= good_enough_s: break
+    grown = {opts: found for _, start in beam for opts, found in expanded(_replay(kernel, start)).items() if opts not in tried}
+    candidates = list(grown)
+    if rank is not None and len(candidates) > top: candidates = [candidates[i] for i in rank(list(grown.values()))[:top]]
+    tried.update(candidates)
     new = evaluate(candidates)
     # go on while a new candidate beats some kernel in the beam: one that starts from the unoptimized kernel often overtakes
     # the hand-coded one only after a few steps
@@ -208,6 +218,7 @@ APPLICATION_ID = 0x74696E63  # "tinc"
 TABLES = {"beam": "CREATE TABLE IF NOT EXISTS beam (key TEXT PRIMARY KEY, opts TEXT NOT NULL)",
           "programs": "CREATE TABLE IF NOT EXISTS programs (key TEXT PRIMARY KEY, program TEXT NOT NULL, binary BLOB NOT NULL)",
           "kernels": "CREATE TABLE IF NOT EXISTS kernels (kernel TEXT PRIMARY KEY, ast TEXT NOT NULL)",
+          "devices": "CREATE TABLE IF NOT EXISTS devices (device TEXT PRIMARY KEY, target TEXT NOT NULL)",
           "candidates": "CREATE TABLE IF NOT EXISTS candidates (kernel TEXT NOT NULL, device TEXT NOT NULL, opts TEXT NOT NULL, "
                         "built INTEGER NOT NULL, seconds REAL, PRIMARY KEY (kernel, device, opts))"}
 _checked: set[Path] = set()  # caches whose every page this process has read once (damage shows there)

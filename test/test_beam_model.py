@@ -1,0 +1,128 @@
+"""BEAM at model scale (issue 16): the cost model ranks a step's candidates and the search builds only the first few; a search ends
+at the kernel's roofline bound; a schedule's kernels are searched once each, the heaviest first, and its negligible tail not at all.
+The numpy inference of codegen/cost_model.py gives what the tinyc-trained model gives."""
+from __future__ import annotations
+import sys
+from pathlib import Path
+import numpy as np
+import pytest
+from tinyc import Device, Tensor
+from tinyc.helpers import Context
+from tinyc.ops import LoadOps
+from tinyc.schedule import create_schedule
+from tinyc.codegen import cost_model, search
+from tinyc.codegen.features import FEATURE_NAMES, features
+from tinyc.codegen.kernel import Kernel, Opt, OptOps
+from tinyc.nn.state import safe_save
+from tinyc import beam
+sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+import beam_model  # noqa: E402
+from test_register_mma import H200  # noqa: E402
+
+@pytest.fixture(autouse=True)
+def fresh_cache(tmp_path, monkeypatch):
+  monkeypatch.setenv("CACHEDB", str(tmp_path / "beam.db"))
+  beam._chosen.clear()
+
+def matmul_kernel(n: int = 64) -> Kernel:
+  item = next(item for item in create_schedule([(Tensor.empty(n, n) @ Tensor.empty(n, n)).lazydata]) if item.ast.op not in LoadOps)
+  return Kernel(item.ast)
+
+def by_source(opts: tuple[Opt, ...]) -> tuple[str, int]: return repr(opts), len(opts)  # a fake build (module level: workers import it)
+
+def test_a_ranked_step_builds_only_the_top_candidates_in_the_models_order(monkeypatch):
+  monkeypatch.setenv("BEAM_MAX_STEPS", "2")
+  kernel, built_steps = matmul_kernel(), []
+  def rank(kernels: list[Kernel]) -> list[int]:  # the candidates with the most upcast lanes first
+    built_steps.append(len(kernels))
+    return sorted(range(len(kernels)), key=lambda i: -kernels[i].upcast_size)
+  measured: list[tuple[Opt, ...]] = []
+  def measure(opts, built):
+    measured.append(opts)
+    return 1.0 / (1 + len(opts))
+  pool = search.CompilePool(workers=2, timeout_s=30.0)
+  try: search.beam_search(kernel, 2, by_source, lambda opts: (opts,), measure, pool=pool, rank=rank, top=3)
+  finally: pool.close()
+  assert len(built_steps) == 2 and all(count > 3 for count in built_steps)
+  assert len(measured) == 1 + 3 * 2, "the start, then three candidates a step"
+  first_step = measured[1:4]
+  assert all(Kernel(kernel.ast).upcast_size <= _replayed(kernel, opts).upcast_size for opts in first_step)
+  assert max(len(search.expansions(kernel)), 4) > 3 and len(set(measured)) == len(measured), "no candidate twice"
+
+def _replayed(kernel: Kernel, opts: tuple[Opt, ...]) -> Kernel: return search._replay(kernel, opts)
+
+def test_a_search_whose_best_reaches_the_roofline_bound_stops_after_its_starts():
+  kernel, measured = matmul_kernel(), []
+  def measure(opts, built):
+    measured.append(opts)
+    return 1e-3
+  pool = search.CompilePool(workers=2, timeout_s=30.0)
+  try:
+    search.beam_search(kernel, 2, by_source, lambda opts: (opts,), measure, pool=pool, good_enough_s=1e-3)
+    assert measured == [()]
+    search.beam_search(kernel, 2, by_source, lambda opts: (opts,), measure, pool=pool, good_enough_s=0.9e-3)
+    assert len(measured) > 2
+  finally: pool.close()
+
+def test_the_roofline_bound_is_a_launch_plus_the_kernels_bytes_at_the_measured_bandwidth(tinyc_device):
+  device = Device[Device.DEFAULT]
+  if device.compile_binary is None: pytest.skip(f"{Device.DEFAULT} cannot build in worker processes")
+  launch_s, bytes_per_s = beam.device_speed(device)
+  assert 0 < launch_s < 1e-2 and 1e8 < bytes_per_s < 1e14, (launch_s, bytes_per_s)
+  kernel = Kernel(matmul_kernel(256).ast, device.target)
+  assert beam.roofline_seconds(device, kernel) == pytest.approx(launch_s + 3 * 256 * 256 * 4 / bytes_per_s)
+
+# ***** the model *****
+
+def trained_like_model(path: Path) -> beam_model.Model:
+  """A model of bench/beam_model.py with random weights and a feature scaling, saved where `path` says."""
+  Tensor.manual_seed(1)
+  model = beam_model.Model()
+  model.mean, model.scale = Tensor.rand(len(FEATURE_NAMES)), Tensor.rand(len(FEATURE_NAMES)) + 0.5
+  safe_save(model.state(), path, metadata={"device": "test", "features": ",".join(FEATURE_NAMES)})
+  return model
+
+def test_the_searchs_numpy_inference_gives_the_tinyc_models_predictions(tmp_path):
+  model = trained_like_model(tmp_path / "m.safetensors")
+  kernel = matmul_kernel()
+  kernels = [_replayed(kernel, opts) for opts in [()] + search.expansions(kernel)[:30]]
+  rows = np.array([features(k) for k in kernels], dtype=np.float32)
+  loaded = cost_model.load(tmp_path / "m.safetensors")
+  assert loaded is not None
+  np.testing.assert_allclose(loaded.predict(rows), model(Tensor(rows)).numpy(), rtol=1e-4, atol=1e-4)
+  assert loaded.rank(kernels) == list(np.argsort(model(Tensor(rows)).numpy(), kind="stable"))
+
+def test_beam_model_chooses_the_packaged_model_of_the_device_class_a_file_or_none(monkeypatch, tmp_path):
+  gpu, cpu = H200, Kernel(matmul_kernel().ast).target
+  monkeypatch.delenv("BEAM_MODEL", raising=False)
+  assert cost_model.model_path(gpu) == cost_model.MODELS / "gpu.safetensors" and cost_model.model_path(cpu) == cost_model.MODELS / "cpu.safetensors"
+  monkeypatch.setenv("BEAM_MODEL", "0")
+  assert cost_model.model_path(cpu) is None
+  monkeypatch.setenv("BEAM_MODEL", str(tmp_path / "none.safetensors"))
+  with pytest.raises(FileNotFoundError, match="BEAM_MODEL"): cost_model.load(cost_model.model_path(cpu))
+
+@pytest.mark.parametrize("name", ["cpu", "gpu"])
+def test_the_packaged_models_read_this_tinycs_features(name):
+  loaded = cost_model.load(cost_model.MODELS / f"{name}.safetensors")
+  assert loaded is not None, "the package ships a model for each device class"
+  kernel = matmul_kernel()
+  assert len(loaded.rank([_replayed(kernel, opts) for opts in search.expansions(kernel)[:10]])) == 10
+
+# ***** a whole schedule *****
+
+def test_a_schedules_kernels_are_searched_once_each_heaviest_first_and_its_light_tail_not_at_all(tinyc_device, monkeypatch):
+  device = Device[Device.DEFAULT]
+  if device.compile_binary is None: pytest.skip(f"{Device.DEFAULT} cannot build in worker processes")
+  x, w = Tensor.rand(32, 48).realize(), Tensor.rand(48, 48).realize()
+  outputs = [(x @ w).relu(), (x @ w).sum(1), x.exp().max(0), (x * 2).sqrt(), (x + 1).reshape(48, 32).sum(1)]
+  asts = list(dict.fromkeys(item.ast for item in create_schedule([t.lazydata for t in outputs]) if item.ast.op not in LoadOps))
+  assert len(asts) == 5
+  weights = dict(zip(asts, [10.0, 6.0, 3.0, 0.2, 0.1]))  # seconds of each kernel's hand-coded program
+  monkeypatch.setattr(beam, "_seconds", lambda device, ast, opts, runs=2: weights[ast])
+  searched: list = []
+  monkeypatch.setattr(beam, "search", lambda device, ast: (searched.append(ast), ((), True))[1])
+  beam.beam_plan(device, asts + asts[:1])  # the first kernel twice (as a model's layers repeat one): one search, twice the weight
+  assert searched == asts[:3], "the two lightest (0.3 s of 29.3) are not searched"
+  assert all(beam._chosen[beam._chosen_key(device, ast)] == () for ast in searched)
+  monkeypatch.setattr(beam, "search", lambda *args: pytest.fail("a kernel was searched twice"))
+  with Context(BEAM=2): assert all(beam.beam_opts(device, ast) is not None for ast in asts)
