@@ -12,9 +12,9 @@ from tinyc.ops import LoadOps
 from tinyc.schedule import create_schedule
 from tinyc.codegen import cost_model, search
 from tinyc.codegen.features import FEATURE_NAMES, features
-from tinyc.codegen.kernel import Kernel, Opt, OptOps
+from tinyc.codegen.kernel import Kernel, Opt
 from tinyc.nn.state import safe_save
-from tinyc import beam
+from tinyc import beam, device as device_module
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 import beam_model  # noqa: E402
 from test_register_mma import H200  # noqa: E402
@@ -71,6 +71,16 @@ def test_the_roofline_bound_is_a_launch_plus_the_kernels_bytes_at_the_measured_b
   assert 0 < launch_s < 1e-2 and 1e8 < bytes_per_s < 1e14, (launch_s, bytes_per_s)
   kernel = Kernel(matmul_kernel(256).ast, device.target)
   assert beam.roofline_seconds(device, kernel) == pytest.approx(launch_s + 3 * 256 * 256 * 4 / bytes_per_s)
+
+def test_the_search_hands_its_workers_programs_on_instead_of_building_them_again(tinyc_device, monkeypatch):
+  """The check of the winner against the unoptimized kernel, and the run after it, load what the search's workers built."""
+  if Device[Device.DEFAULT].compile_binary is None: pytest.skip(f"{Device.DEFAULT} cannot build in worker processes")
+  monkeypatch.setenv("BEAM_MAX_STEPS", "1")
+  a, b = np.random.default_rng(0).standard_normal((2, 24, 40), dtype=np.float32)
+  ta, tb = Tensor(a).realize(), Tensor(b).realize()
+  monkeypatch.setattr(device_module, "build", lambda *args: pytest.fail("a program the search built was built again"))
+  with Context(BEAM=2): out = (ta @ tb.T).relu().numpy()
+  np.testing.assert_allclose(out, np.maximum(a @ b.T, 0), rtol=1e-5, atol=1e-5)
 
 # ***** the model *****
 

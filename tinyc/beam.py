@@ -103,8 +103,9 @@ def search(device: Compiled, ast: LazyOp) -> tuple[tuple[Opt, ...], bool]:
   hand_coded = tuple(hand_coded_optimizations(kernel.copy()))
   buffers = _random_buffers(device.name, kernel, outputs := output_count(ast))
   times: dict[tuple[Opt, ...], float] = {}
+  built_of: dict[tuple[Opt, ...], Built] = {}  # what the workers built: the winner and the unoptimized kernel are not built again
   def measure(opts: tuple[Opt, ...], candidate: tuple[str, Built]) -> float:
-    built = candidate[1]
+    built = built_of[opts] = candidate[1]
     assert device.load is not None, f"{device.name} cannot load binaries, so it cannot search"
     try:
       program = Program(built.name, device.name, device.load(built.name, built.source, built.binary), built.flops, built.mem_bytes,
@@ -125,6 +126,8 @@ def search(device: Compiled, ast: LazyOp) -> tuple[tuple[Opt, ...], bool]:
                      rank=model.rank if model is not None else None, top=getenv("BEAM_MODEL_TOP", 4),
                      good_enough_s=ROOFLINE_SLACK * roofline_seconds(device, kernel))
   if recorded: record_candidates(ast, device_key(device), device.target, recorded)
+  for opts in {(), best}:
+    if opts in built_of: device.adopt(ast, opts, built_of[opts])
   verified = not getenv("BEAM_VERIFY", 1) or outputs_match(device, ast, best, buffers, outputs)
   if DEBUG >= 2 or not verified:
     print(f"BEAM {kernel.name}: {list(best)} {times.get(best, math.nan) * 1e6:.2f} us against the hand-coded "

@@ -225,6 +225,11 @@ class Compiled:
         self._built[key] = self._store(key, built)
         self.builds["in workers"] += 1
 
+  def adopt(self, ast: LazyOp, opts: tuple[Opt, ...], built: Built) -> None:
+    """A program a BEAM worker built for these Opts, for get_program to load instead of building it again (kept on disk too)."""
+    key = self.program_key(ast, opts)
+    if self._memory_key(ast, opts) not in self.programs: self._built[key] = self._store(key, built)
+
   @staticmethod
   def _memory_key(ast: LazyOp, opts: tuple[Opt, ...] | None) -> tuple[LazyOp, tuple[Opt, ...] | None, bool, bool]:
     return (ast, opts, bool(ALLOW_TF32.value), bool(NOOPT.value))  # the settings that change what the same Opts compile to (CODEGEN_SETTINGS)

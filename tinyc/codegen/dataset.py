@@ -56,7 +56,8 @@ def record_candidates(ast: LazyOp, device_key: str, target: KernelTarget, rows: 
 def targets() -> dict[str, KernelTarget]:
   """Each recorded device's KernelTarget, by device key."""
   def target(fields: dict[str, Any]) -> KernelTarget:
-    return KernelTarget(**{name: tuple(value) if isinstance(value, list) else value for name, value in fields.items()})
+    values: dict[str, Any] = {name: tuple(value) if isinstance(value, list) else value for name, value in fields.items()}
+    return KernelTarget(**values)
   return {device: target(json.loads(text)) for device, text in cache_execute("SELECT device, target FROM devices", ())}
 
 def candidates(device_key: str | None = None) -> Iterator[tuple[LazyOp, str, tuple[Opt, ...], bool, float | None]]:

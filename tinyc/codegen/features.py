@@ -4,18 +4,21 @@ compiling it. Imports helpers, dtype, ops, codegen/axes, codegen/kernel.
 Every feature is a float of a fixed place in one vector (`FEATURE_NAMES`); sizes and counts enter as log2(1 + x):
 - the layout: the elements each axis kind spans, its axes, the upcast lanes, a work-group's threads;
 - the work: outputs, reduce trips and operations per output point (from the AST), flops, the bytes of every buffer, their ratio;
-- each of the first MAX_BUFFERS buffers (outputs first): its itemsize, bytes, mask, and how it walks the innermost axis of each kind
-  (broadcast, contiguous, strided: what decides vector loads, reuse and cache lines);
-- each OptOp: how often it was applied and the log2 of its amounts.
+- the buffers, pooled so that no feature depends on their order (per-buffer slots overfit a few kernels): of the inputs' and of the
+  outputs' bytes, the share walked broadcast, contiguous or strided along the innermost axis of each kind (vector loads, reuse,
+  cache lines); the share masked;
+- each OptOp: how often it was applied and the log2 of its amounts;
+- derived, roofline-like quantities (_derived): work-groups against the target's compute units (waves, how full the last one and
+  the device are), each thread's work, loop trips, accumulators and registers, loads per operation of a thread's lanes and of a
+  work-group, the share of bytes strided along the fastest thread axis, the vector axis and the innermost loop, local memory used.
 """
 from __future__ import annotations
 import math
 from tinyc.helpers import prod
 from tinyc.ops import BufferOps, ConstBuffer, ReduceOps
-from tinyc.codegen.axes import AxisKind, OptOps
+from tinyc.codegen.axes import LANES, THREADS, AxisKind, OptOps
 from tinyc.codegen.kernel import Kernel
 
-MAX_BUFFERS = 6
 WALKED_KINDS = (AxisKind.GLOBAL, AxisKind.LOCAL, AxisKind.UPCAST, AxisKind.GROUP, AxisKind.REDUCE, AxisKind.UNROLL)
 
 def _log(value: float) -> float: return math.log2(1 + max(value, 0))
@@ -24,10 +27,12 @@ def _names() -> list[str]:
   names = [f"{kind.name.lower()}_{what}" for kind in AxisKind for what in ("elements", "axes")]
   names += ["upcast_lanes", "threads", "reduces", "nested", "outputs", "reduce_trips", "ops_per_point", "flops", "bytes", "intensity",
             "local_memory", "gpu", "tensor_cores"]
-  for number in range(MAX_BUFFERS):
-    names += [f"buf{number}_{what}" for what in ("present", "itemsize", "bytes", "masked")]
-    names += [f"buf{number}_{kind.name.lower()}_{walk}" for kind in WALKED_KINDS for walk in ("broadcast", "contiguous", "strided")]
-  return names + [f"opt_{op.name.lower()}_{what}" for op in OptOps for what in ("count", "amounts")]
+  names += ["buffers", "max_itemsize", "masked_bytes"]
+  names += [f"{side}_{kind.name.lower()}_{walk}" for side in ("in", "out") for kind in WALKED_KINDS for walk in ("broadcast", "contiguous", "strided")]
+  names += [f"opt_{op.name.lower()}_{what}" for op in OptOps for what in ("count", "amounts")]
+  return names + ["groups", "waves", "wave_fill", "device_fill", "thread_work", "thread_trips", "accumulators", "lane_loads_per_op",
+                  "group_loads_per_op", "registers", "uncoalesced", "unvectorized", "inner_strided", "local_memory_use", "code_size",
+                  "vector_fill", "thread_bytes"]
 
 FEATURE_NAMES = _names()
 
@@ -45,18 +50,51 @@ def features(kernel: Kernel) -> list[float]:
   row += [_log(kernel.upcast_size), _log(kernel.local_size), float(len(kernel.reduceops)), float(len(kernel.nested_contractions())),
           _log(outputs), _log(trips), _log(ops), _log(flops), _log(total), math.log2((flops + 1) / (total + 1)),
           _log(kernel.local_memory_bytes), float(kernel.target.has_local), float(bool(kernel.target.tensor_cores))]
-  for number in range(MAX_BUFFERS):
-    if number >= len(sized):
-      row += [0.0] * (4 + 3 * len(WALKED_KINDS))
-      continue
-    index, size = sized[number]
-    st, strides = kernel.sts[index], kernel.sts[index].real_strides(ignore_valid=True)
-    row += [1.0, float(kernel.bufs[index].dtype.itemsize), _log(size), float(any(view.mask is not None for view in st.views))]
-    for kind in WALKED_KINDS:
-      innermost = kernel.axes(kind)[-1:]
-      stride = strides[innermost[0]] if innermost else None
-      row += [float(stride == 0), float(stride == 1), float(bool(innermost) and stride not in (0, 1))]
+  masked = sum(size for number, size in sized if any(view.mask is not None for view in kernel.sts[number].views))
+  row += [float(len(sized)), float(max(kernel.bufs[number].dtype.itemsize for number, _ in sized)), masked / max(total, 1)]
+  for outputs_side in (False, True):  # the share of the inputs' (outputs') bytes walked so along the innermost axis of each kind
+    side = [(number, size) for number, size in sized if (number < kernel.n_outputs) == outputs_side]
+    walks = [[0.0] * 3 for _ in WALKED_KINDS]
+    for number, size in side:
+      strides = kernel.sts[number].real_strides(ignore_valid=True)
+      for kind, walk in zip(WALKED_KINDS, walks):
+        if innermost := kernel.axes(kind)[-1:]: walk[0 if strides[innermost[0]] == 0 else 1 if strides[innermost[0]] == 1 else 2] += size
+    row += [value / max(sum(size for _, size in side), 1) for walk in walks for value in walk]
   for op in OptOps:  # (an amount of 0, "all of the axis": the layout's features hold its size)
     amounts = [opt.amount for opt in kernel.applied_opts if opt.op is op]
     row += [float(len(amounts)), sum(_log(amount) for amount in amounts)]
-  return row
+  return row + _derived(kernel, shape, outputs * trips, flops, sized)
+
+def _derived(kernel: Kernel, shape: list[int], points: int, flops: int, sized: list[tuple[int, int]]) -> list[float]:
+  """Roofline-like quantities that mean the same on any kernel: how the work-groups fill the device, each thread's work and
+  registers, the loads per operation of a thread's lanes and of a work-group, the share of bytes read strided."""
+  target, size = kernel.target, lambda axes: prod(shape[axis] for axis in axes)  # noqa: E731
+  groups, threads = size(kernel.axes(AxisKind.GLOBAL)), max(kernel.local_size, 1)
+  units = max(target.compute_units, 1)
+  waves = groups / units
+  wave_fill = groups / (math.ceil(waves) * units)
+  device_fill = min(1.0, groups * threads / (units * 2048)) if target.has_local else 1.0
+  thread_points = points / (groups * threads)
+  trips = size(kernel.axes(AxisKind.REDUCE, AxisKind.SERIAL)) * (1 if target.has_local else groups)
+  accumulators = size(kernel.axes(AxisKind.UPCAST, AxisKind.FRAGMENT)) * max(len(kernel.reduceops), 1)
+  lane_axes, group_axes = kernel.axes(*LANES, AxisKind.TC), kernel.axes(*THREADS, AxisKind.LANE, *LANES, AxisKind.TC)
+  fastest = (kernel.axes(AxisKind.LANE, AxisKind.WARP) or kernel.axes(AxisKind.LOCAL, AxisKind.GROUP))[-1:]
+  vector = kernel.axes(AxisKind.UPCAST, AxisKind.UNROLL)[-1:]
+  inner = (kernel.axes(AxisKind.REDUCE) or kernel.axes(AxisKind.GLOBAL))[-1:]
+  lane_loads = group_loads = 0
+  uncoalesced = unvectorized = inner_strided = 0.0
+  total = sum(bytes_ for _, bytes_ in sized) or 1
+  for number, bytes_ in sized:
+    strides = kernel.sts[number].real_strides(ignore_valid=True)
+    spanned = lambda axes: prod(shape[axis] for axis in axes if strides[axis] != 0)  # noqa: E731
+    if number >= kernel.n_outputs: lane_loads, group_loads = lane_loads + spanned(lane_axes), group_loads + spanned(group_axes)
+    strided = lambda axes: bool(axes) and strides[axes[0]] not in (0, 1)  # noqa: E731
+    uncoalesced += bytes_ / total * strided(fastest)
+    unvectorized += bytes_ / total * strided(vector)
+    inner_strided += bytes_ / total * strided(inner)
+  lanes, group_lanes = size(lane_axes), size(group_axes)
+  upcast_lanes = size(kernel.axes(AxisKind.UPCAST, AxisKind.UNROLL))
+  return [_log(groups), math.log2(waves + 1e-3), wave_fill, device_fill, _log(thread_points * flops / max(points, 1)), _log(trips),
+          _log(accumulators), math.log2((lane_loads + 1) / lanes), math.log2((group_loads + 1) / group_lanes), _log(accumulators + lane_loads),
+          uncoalesced, unvectorized, inner_strided, kernel.local_memory_bytes / target.local_memory_bytes, _log(kernel.upcast_size * flops / max(points, 1)),
+          math.log2(upcast_lanes / target.vector_lanes), _log(total / (groups * threads))]
