@@ -128,11 +128,25 @@ def test_a_schedules_kernels_are_searched_once_each_heaviest_first_and_its_light
   asts = list(dict.fromkeys(item.ast for item in create_schedule([t.lazydata for t in outputs]) if item.ast.op not in LoadOps))
   assert len(asts) == 5
   weights = dict(zip(asts, [10.0, 6.0, 3.0, 0.2, 0.1]))  # seconds of each kernel's hand-coded program
+  beam.device_speed(device)  # (measured before _seconds is replaced)
   monkeypatch.setattr(beam, "_seconds", lambda device, ast, opts, runs=2: weights[ast])
   searched: list = []
   monkeypatch.setattr(beam, "search", lambda device, ast: (searched.append(ast), ((), True))[1])
   beam.beam_plan(device, asts + asts[:1])  # the first kernel twice (as a model's layers repeat one): one search, twice the weight
   assert searched == asts[:3], "the two lightest (0.3 s of 29.3) are not searched"
   assert all(beam._chosen[beam._chosen_key(device, ast)] == () for ast in searched)
+  assert not beam._cached_opts(device, asts[3]), "a kernel kept by the weight of this schedule is not cached"
   monkeypatch.setattr(beam, "search", lambda *args: pytest.fail("a kernel was searched twice"))
   with Context(BEAM=2): assert all(beam.beam_opts(device, ast) is not None for ast in asts)
+
+def test_a_kernel_whose_hand_coded_program_reaches_its_roofline_bound_is_not_searched_and_is_cached(tinyc_device, monkeypatch):
+  device = Device[Device.DEFAULT]
+  if device.compile_binary is None: pytest.skip(f"{Device.DEFAULT} cannot build in worker processes")
+  x = Tensor.rand(64, 64).realize()
+  asts = list(dict.fromkeys(item.ast for item in create_schedule([(x * 2).lazydata, x.sum(0).lazydata, x.exp().max(1).lazydata])))
+  beam.device_speed(device)  # (measured before _seconds is replaced)
+  monkeypatch.setattr(beam, "_seconds", lambda device, ast, opts, runs=2: 1e-12 if ast == asts[0] else 1.0)
+  searched: list = []
+  monkeypatch.setattr(beam, "search", lambda device, ast: (searched.append(ast), ((), True))[1])
+  beam.beam_plan(device, asts)
+  assert len(searched) == 2 and set(searched) == set(asts[1:]) and beam._cached_opts(device, asts[0]) == beam._chosen[beam._chosen_key(device, asts[0])]

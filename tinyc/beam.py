@@ -52,7 +52,8 @@ def _search_and_cache(device: Compiled, ast: LazyOp) -> tuple[Opt, ...]:
 
 def beam_plan(device: Compiled, asts: list[LazyOp]) -> None:
   """BEAM=n over a whole schedule (a model's step) before it runs: kernels equal up to their buffers are one search; each new kernel's
-  hand-coded program is timed once, and the kernels that together take at most BEAM_SKIP_SHARE of the schedule's time (the fastest,
+  hand-coded program is timed once (one within ROOFLINE_SLACK of its roofline bound is kept: a search would end there), and the
+  kernels that together take at most BEAM_SKIP_SHARE of the schedule's time (the fastest,
   counting repeats) keep their hand-coded Opts unsearched (in this process's memory only: another schedule may weigh them
   otherwise); the others are searched, the heaviest first, under one progress line for the schedule."""
   with _searching:
@@ -64,8 +65,14 @@ def beam_plan(device: Compiled, asts: list[LazyOp]) -> None:
     if len(counts) < 2: return
     hand_coded = {ast: tuple(hand_coded_optimizations(Kernel(ast, device.target))) for ast in counts}
     device.build_all(list(hand_coded.items()))
-    weights = {ast: count * _seconds(device, ast, hand_coded[ast]) for ast, count in counts.items()}
-    order, total, skipped = sorted(counts, key=weights.__getitem__), sum(w for w in weights.values() if math.isfinite(w)), 0.0
+    seconds = {ast: _seconds(device, ast, hand_coded[ast]) for ast in counts}
+    weights = {ast: count * seconds[ast] for ast, count in counts.items()}
+    total, skipped = sum(weight for weight in weights.values() if math.isfinite(weight)), 0.0
+    order = []
+    for ast in sorted(counts, key=weights.__getitem__):  # a hand-coded program at the roofline bound is what a search would end with
+      if seconds[ast] <= ROOFLINE_SLACK * roofline_seconds(device, Kernel(ast, device.target)):
+        cache_put(cache_key(ast, device_key(device)), _chosen.setdefault(_chosen_key(device, ast), hand_coded[ast]))
+      else: order.append(ast)
     while order and skipped + weights[order[0]] <= getenv("BEAM_SKIP_SHARE", 0.05) * total:
       skipped += weights[order[0]]
       _chosen[_chosen_key(device, ast := order.pop(0))] = hand_coded[ast]
@@ -121,7 +128,7 @@ def search(device: Compiled, ast: LazyOp) -> tuple[tuple[Opt, ...], bool]:
                             settings, device.program_key(ast, opts))
   recorded: list[tuple[tuple[Opt, ...], bool, float | None]] = []  # every candidate, for the dataset (BEAM_RECORD=0: none)
   model = load_model(path) if (path := model_path(device.target)) is not None else None
-  best = beam_search(kernel, BEAM.value, build_candidate, arguments, measure, starts=((), hand_coded), name=kernel.name,
+  best = beam_search(kernel, BEAM.value, build_candidate, arguments, measure, starts=(hand_coded, ()), name=kernel.name,
                      record=(lambda *row: recorded.append(row)) if getenv("BEAM_RECORD", 1) else None,
                      rank=model.rank if model is not None else None, top=getenv("BEAM_MODEL_TOP", 4),
                      good_enough_s=ROOFLINE_SLACK * roofline_seconds(device, kernel))
