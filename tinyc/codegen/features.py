@@ -4,9 +4,9 @@ compiling it. Imports helpers, dtype, ops, codegen/axes, codegen/kernel.
 Every feature is a float of a fixed place in one vector (`FEATURE_NAMES`); sizes and counts enter as log2(1 + x):
 - the layout: the elements each axis kind spans, its axes, the upcast lanes, a work-group's threads;
 - the work: outputs, reduce trips and operations per output point (from the AST), flops, the bytes of every buffer, their ratio;
-- the buffers, pooled so that no feature depends on their order (per-buffer slots overfit a few kernels): of the inputs' and of the
-  outputs' bytes, the share walked broadcast, contiguous or strided along the innermost axis of each kind (vector loads, reuse,
-  cache lines); the share masked;
+- the buffers, pooled so that no feature depends on their order: their count, the widest dtype, the share of bytes masked (per-buffer
+  slots, and the shares of bytes walked broadcast, contiguous or strided along each kind's innermost axis, made cross-validated
+  rankings worse: they let the model tell a few training kernels apart);
 - each OptOp: how often it was applied and the log2 of its amounts;
 - derived, roofline-like quantities (_derived): work-groups against the target's compute units (waves, how full the last one and
   the device are), each thread's work, loop trips, accumulators and registers, loads per operation of a thread's lanes and of a
@@ -19,7 +19,6 @@ from tinyc.ops import BufferOps, ConstBuffer, ReduceOps
 from tinyc.codegen.axes import LANES, THREADS, AxisKind, OptOps
 from tinyc.codegen.kernel import Kernel
 
-WALKED_KINDS = (AxisKind.GLOBAL, AxisKind.LOCAL, AxisKind.UPCAST, AxisKind.GROUP, AxisKind.REDUCE, AxisKind.UNROLL)
 
 def _log(value: float) -> float: return math.log2(1 + max(value, 0))
 
@@ -28,7 +27,6 @@ def _names() -> list[str]:
   names += ["upcast_lanes", "threads", "reduces", "nested", "outputs", "reduce_trips", "ops_per_point", "flops", "bytes", "intensity",
             "local_memory", "gpu", "tensor_cores"]
   names += ["buffers", "max_itemsize", "masked_bytes"]
-  names += [f"{side}_{kind.name.lower()}_{walk}" for side in ("in", "out") for kind in WALKED_KINDS for walk in ("broadcast", "contiguous", "strided")]
   names += [f"opt_{op.name.lower()}_{what}" for op in OptOps for what in ("count", "amounts")]
   return names + ["groups", "waves", "wave_fill", "device_fill", "thread_work", "thread_trips", "accumulators", "lane_loads_per_op",
                   "group_loads_per_op", "registers", "uncoalesced", "unvectorized", "inner_strided", "local_memory_use", "code_size",
@@ -52,14 +50,6 @@ def features(kernel: Kernel) -> list[float]:
           _log(kernel.local_memory_bytes), float(kernel.target.has_local), float(bool(kernel.target.tensor_cores))]
   masked = sum(size for number, size in sized if any(view.mask is not None for view in kernel.sts[number].views))
   row += [float(len(sized)), float(max(kernel.bufs[number].dtype.itemsize for number, _ in sized)), masked / max(total, 1)]
-  for outputs_side in (False, True):  # the share of the inputs' (outputs') bytes walked so along the innermost axis of each kind
-    side = [(number, size) for number, size in sized if (number < kernel.n_outputs) == outputs_side]
-    walks = [[0.0] * 3 for _ in WALKED_KINDS]
-    for number, size in side:
-      strides = kernel.sts[number].real_strides(ignore_valid=True)
-      for kind, walk in zip(WALKED_KINDS, walks):
-        if innermost := kernel.axes(kind)[-1:]: walk[0 if strides[innermost[0]] == 0 else 1 if strides[innermost[0]] == 1 else 2] += size
-    row += [value / max(sum(size for _, size in side), 1) for walk in walks for value in walk]
   for op in OptOps:  # (an amount of 0, "all of the axis": the layout's features hold its size)
     amounts = [opt.amount for opt in kernel.applied_opts if opt.op is op]
     row += [float(len(amounts)), sum(_log(amount) for amount in amounts)]
@@ -96,5 +86,6 @@ def _derived(kernel: Kernel, shape: list[int], points: int, flops: int, sized: l
   upcast_lanes = size(kernel.axes(AxisKind.UPCAST, AxisKind.UNROLL))
   return [_log(groups), math.log2(waves + 1e-3), wave_fill, device_fill, _log(thread_points * flops / max(points, 1)), _log(trips),
           _log(accumulators), math.log2((lane_loads + 1) / lanes), math.log2((group_loads + 1) / group_lanes), _log(accumulators + lane_loads),
-          uncoalesced, unvectorized, inner_strided, kernel.local_memory_bytes / target.local_memory_bytes, _log(kernel.upcast_size * flops / max(points, 1)),
+          uncoalesced, unvectorized, inner_strided, kernel.local_memory_bytes / target.local_memory_bytes,
+          _log(kernel.upcast_size * flops / max(points, 1)),
           math.log2(upcast_lanes / target.vector_lanes), _log(total / (groups * threads))]
