@@ -12,6 +12,7 @@ from tinyc.ops import LoadOps
 from tinyc.schedule import create_schedule
 from tinyc.codegen import cost_model, search
 from tinyc.codegen.features import FEATURE_NAMES, features
+from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.kernel import Kernel, Opt
 from tinyc.nn.state import safe_save
 from tinyc import beam, device as device_module
@@ -135,6 +136,8 @@ def test_a_schedules_kernels_are_searched_once_each_heaviest_first_and_its_light
   beam.beam_plan(device, asts + asts[:1])  # the first kernel twice (as a model's layers repeat one): one search, twice the weight
   assert searched == asts[:3], "the two lightest (0.3 s of 29.3) are not searched"
   assert all(beam._chosen[beam._chosen_key(device, ast)] == () for ast in searched)
+  for light in asts[3:]:  # each keeps its own hand-coded Opts
+    assert beam._chosen[beam._chosen_key(device, light)] == tuple(hand_coded_optimizations(Kernel(light, device.target)))
   assert not beam._cached_opts(device, asts[3]), "a kernel kept by the weight of this schedule is not cached"
   monkeypatch.setattr(beam, "search", lambda *args: pytest.fail("a kernel was searched twice"))
   with Context(BEAM=2): assert all(beam.beam_opts(device, ast) is not None for ast in asts)

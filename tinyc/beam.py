@@ -74,8 +74,9 @@ def beam_plan(device: Compiled, asts: list[LazyOp]) -> None:
         cache_put(cache_key(ast, device_key(device)), _chosen.setdefault(_chosen_key(device, ast), hand_coded[ast]))
       else: order.append(ast)
     while order and skipped + weights[order[0]] <= getenv("BEAM_SKIP_SHARE", 0.05) * total:
-      skipped += weights[order[0]]
-      _chosen[_chosen_key(device, ast := order.pop(0))] = hand_coded[ast]
+      ast = order.pop(0)
+      skipped += weights[ast]
+      _chosen[_chosen_key(device, ast)] = hand_coded[ast]
     started, skipped_count = time.perf_counter(), len(counts) - len(order)
     for done, ast in enumerate(reversed(order)):
       _plan_progress(done, len(order), time.perf_counter() - started, skipped_count, skipped / max(total, 1e-12))
