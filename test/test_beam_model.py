@@ -50,6 +50,16 @@ def test_a_ranked_step_builds_only_the_top_candidates_in_the_models_order(monkey
   assert all(Kernel(kernel.ast).upcast_size <= _replayed(kernel, opts).upcast_size for opts in first_step)
   assert max(len(search.expansions(kernel)), 4) > 3 and len(set(measured)) == len(measured), "no candidate twice"
 
+def test_a_ranked_step_that_gains_nothing_builds_the_next_candidates_of_its_ranking_once_before_the_search_ends():
+  kernel, measured = matmul_kernel(), []
+  def measure(opts, built):
+    measured.append(opts)
+    return 1.0
+  pool = search.CompilePool(workers=2, timeout_s=30.0)
+  try: search.beam_search(kernel, 2, by_source, lambda opts: (opts,), measure, pool=pool, rank=lambda kernels: list(range(len(kernels))), top=3)
+  finally: pool.close()
+  assert measured[1:] == search.expansions(kernel)[:6]
+
 def _replayed(kernel: Kernel, opts: tuple[Opt, ...]) -> Kernel: return search._replay(kernel, opts)
 
 def test_a_search_whose_best_reaches_the_roofline_bound_stops_after_its_starts():
@@ -101,7 +111,7 @@ def test_the_searchs_numpy_inference_gives_the_tinyc_models_predictions(tmp_path
   loaded = cost_model.load(tmp_path / "m.safetensors")
   assert loaded is not None
   np.testing.assert_allclose(loaded.predict(rows), model(Tensor(rows)).numpy(), rtol=1e-4, atol=1e-4)
-  assert loaded.rank(kernels) == list(np.argsort(model(Tensor(rows)).numpy(), kind="stable"))
+  assert loaded.rank(kernels) == list(np.argsort(model(Tensor(rows)).numpy(), kind="stable")) and loaded.rank([]) == []
 
 def test_beam_model_chooses_the_packaged_model_of_the_device_class_a_file_or_none(monkeypatch, tmp_path):
   gpu, cpu = H200, Kernel(matmul_kernel().ast).target

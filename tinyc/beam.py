@@ -19,7 +19,7 @@ from tinyc.ops import BufferOps, ConstBuffer, LazyOp, MemBuffer, output_count
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.kernel import Kernel, KernelOptError, KernelTarget, Opt
-from tinyc.codegen.search import beam_search, cache_get, cache_key, cache_put
+from tinyc.codegen.search import beam_search, cache_get, cache_key, cache_put, compile_pool
 from tinyc.codegen.dataset import record_candidates
 from tinyc.codegen.cost_model import load as load_model, model_path
 from tinyc.device import Buffer, Built, Compiled, Program, build, codegen_settings
@@ -131,7 +131,7 @@ def search(device: Compiled, ast: LazyOp) -> tuple[tuple[Opt, ...], bool]:
   model = load_model(path) if (path := model_path(device.target)) is not None else None
   best = beam_search(kernel, BEAM.value, build_candidate, arguments, measure, starts=(hand_coded, ()), name=kernel.name,
                      record=(lambda *row: recorded.append(row)) if getenv("BEAM_RECORD", 1) else None,
-                     rank=model.rank if model is not None else None, top=getenv("BEAM_MODEL_TOP", 4),
+                     rank=model.rank if model is not None else None, top=getenv("BEAM_MODEL_TOP", 0) or max(4, compile_pool().size),
                      good_enough_s=ROOFLINE_SLACK * roofline_seconds(device, kernel))
   if recorded: record_candidates(ast, device_key(device), device.target, recorded)
   for opts in {(), best}:

@@ -39,7 +39,7 @@ class CostModel:
 
   def rank(self, kernels: list[Kernel]) -> list[int]:
     """The kernels' positions, the one predicted fastest first."""
-    predicted = self.predict(np.array([features(kernel) for kernel in kernels], dtype=np.float32))
+    predicted = self.predict(np.array([features(kernel) for kernel in kernels], dtype=np.float32).reshape(-1, len(FEATURE_NAMES)))
     return [int(i) for i in np.argsort(predicted, kind="stable")]
 
 def model_path(target: KernelTarget) -> Path | None:

@@ -161,17 +161,23 @@ def beam_search(kernel: Kernel, width: int, build: Callable[..., Any], build_arg
   tried = set(starts)
   beam = sorted(evaluate(list(starts)), key=by_time)[:width]
   if not beam: return tuple(starts[0])
+  def improves(new: list[tuple[float, tuple[Opt, ...]]]) -> bool:  # whether a new candidate beats some kernel in the beam
+    return bool(new) and min(new, key=by_time)[0] <= beam[-1][0] * (1 - min_progress)
   for step in range(1, getenv("BEAM_MAX_STEPS", 20) + 1):
     _progress(name, step, beam[0][0], len(seen_sources))
     if beam[0][0] <= good_enough_s: break
     grown = {opts: found for _, start in beam for opts, found in expanded(_replay(kernel, start)).items() if opts not in tried}
     candidates = list(grown)
-    if rank is not None and len(candidates) > top: candidates = [candidates[i] for i in rank(list(grown.values()))[:top]]
-    tried.update(candidates)
-    new = evaluate(candidates)
+    if rank is not None: candidates = [candidates[i] for i in rank(list(grown.values()))]
     # go on while a new candidate beats some kernel in the beam: one that starts from the unoptimized kernel often overtakes
-    # the hand-coded one only after a few steps
-    if not new or min(new, key=by_time)[0] > beam[-1][0] * (1 - min_progress): break
+    # the hand-coded one only after a few steps. A ranked step builds its `top` candidates, and where none of them beats one,
+    # the next `top` of its ranking (a model's first picks can all miss)
+    new: list[tuple[float, tuple[Opt, ...]]] = []
+    for chunk in [candidates] if rank is None else [candidates[:top], candidates[top:2 * top]]:
+      tried.update(chunk)
+      new += evaluate(chunk)
+      if improves(new): break
+    if not improves(new): break
     beam = sorted(beam + new, key=by_time)[:width]
   _progress(name, -1, beam[0][0], len(seen_sources))
   return beam[0][1]
