@@ -131,7 +131,7 @@ def test_the_packaged_models_read_this_tinycs_features(name):
 
 # ***** a whole schedule *****
 
-def test_a_schedules_kernels_are_searched_once_each_heaviest_first_and_its_light_tail_not_at_all(tinyc_device, monkeypatch):
+def test_a_schedules_kernels_are_searched_once_each_heaviest_first_light_ones_one_step_and_its_light_tail_not_at_all(tinyc_device, monkeypatch):
   device = Device[Device.DEFAULT]
   if device.compile_binary is None: pytest.skip(f"{Device.DEFAULT} cannot build in worker processes")
   x, w = Tensor.rand(32, 48).realize(), Tensor.rand(48, 48).realize()
@@ -142,10 +142,12 @@ def test_a_schedules_kernels_are_searched_once_each_heaviest_first_and_its_light
   beam.device_speed(device)  # (measured before _seconds is replaced)
   monkeypatch.setattr(beam, "_seconds", lambda device, ast, opts, runs=2: weights[ast])
   searched: list = []
-  monkeypatch.setattr(beam, "search", lambda device, ast: (searched.append(ast), ((), True))[1])
+  monkeypatch.setattr(beam, "search", lambda device, ast, max_steps=None: (searched.append((ast, max_steps)), ((), True))[1])
+  monkeypatch.setenv("BEAM_LIGHT_SHARE", "0.15")
   beam.beam_plan(device, asts + asts[:1])  # the first kernel twice (as a model's layers repeat one): one search, twice the weight
-  assert searched == asts[:3], "the two lightest (0.3 s of 29.3) are not searched"
-  assert all(beam._chosen[beam._chosen_key(device, ast)] == () for ast in searched)
+  assert searched == [(asts[0], None), (asts[1], None), (asts[2], 1)], "the two lightest (0.3 s of 29.3) are not searched, the "
+  "third (10%, under BEAM_LIGHT_SHARE) for one step"
+  assert all(beam._chosen[beam._chosen_key(device, ast)] == () for ast, _ in searched)
   for light in asts[3:]:  # each keeps its own hand-coded Opts
     assert beam._chosen[beam._chosen_key(device, light)] == tuple(hand_coded_optimizations(Kernel(light, device.target)))
   assert not beam._cached_opts(device, asts[3]), "a kernel kept by the weight of this schedule is not cached"
@@ -160,7 +162,7 @@ def test_a_kernel_whose_hand_coded_program_reaches_its_roofline_bound_is_not_sea
   beam.device_speed(device)  # (measured before _seconds is replaced)
   monkeypatch.setattr(beam, "_seconds", lambda device, ast, opts, runs=2: 1e-12 if ast == asts[0] else 1.0)
   searched: list = []
-  monkeypatch.setattr(beam, "search", lambda device, ast: (searched.append(ast), ((), True))[1])
+  monkeypatch.setattr(beam, "search", lambda device, ast, max_steps=None: (searched.append(ast), ((), True))[1])
   beam.beam_plan(device, asts)
   assert len(searched) == 2 and set(searched) == set(asts[1:])
   assert beam._cached_opts(device, asts[0]) == beam._chosen[beam._chosen_key(device, asts[0])]

@@ -45,8 +45,8 @@ def _cached_opts(device: Compiled, ast: LazyOp) -> tuple[Opt, ...] | None:
   opts = cache_get(cache_key(ast, device_key(device)))
   return opts if opts is not None and _applies(ast, opts, device.target) else None  # (written by another version of tinyc: search again)
 
-def _search_and_cache(device: Compiled, ast: LazyOp) -> tuple[Opt, ...]:
-  with profiler.span("BEAM search", "beam", device=device.name): opts, verified = search(device, ast)
+def _search_and_cache(device: Compiled, ast: LazyOp, max_steps: int | None = None) -> tuple[Opt, ...]:
+  with profiler.span("BEAM search", "beam", device=device.name): opts, verified = search(device, ast, max_steps)
   if verified: cache_put(cache_key(ast, device_key(device)), opts)
   return opts
 
@@ -55,7 +55,8 @@ def beam_plan(device: Compiled, asts: list[LazyOp]) -> None:
   hand-coded program is timed once (one within ROOFLINE_SLACK of its roofline bound is kept: a search would end there), and the
   kernels that together take at most BEAM_SKIP_SHARE of the schedule's time (the fastest,
   counting repeats) keep their hand-coded Opts unsearched (in this process's memory only: another schedule may weigh them
-  otherwise); the others are searched, the heaviest first, under one progress line for the schedule."""
+  otherwise); the others are searched, the heaviest first, under one progress line for the schedule, for one step where a kernel
+  takes under BEAM_LIGHT_SHARE of the schedule's time."""
   with _searching:
     counts: dict[LazyOp, int] = {}
     for ast in asts:
@@ -80,7 +81,8 @@ def beam_plan(device: Compiled, asts: list[LazyOp]) -> None:
     started, skipped_count = time.perf_counter(), len(counts) - len(order)
     for done, ast in enumerate(reversed(order)):
       _plan_progress(done, len(order), time.perf_counter() - started, skipped_count, skipped / max(total, 1e-12))
-      _chosen[_chosen_key(device, ast)] = _search_and_cache(device, ast)
+      light = weights[ast] < getenv("BEAM_LIGHT_SHARE", 0.02) * total  # one step of the search: it can gain the step little
+      _chosen[_chosen_key(device, ast)] = _search_and_cache(device, ast, 1 if light else None)
     _plan_progress(len(order), len(order), time.perf_counter() - started, skipped_count, skipped / max(total, 1e-12))
 
 def _seconds(device: Compiled, ast: LazyOp, opts: tuple[Opt, ...], runs: int = 2) -> float:
@@ -105,7 +107,7 @@ def _applies(ast: LazyOp, opts: tuple[Opt, ...], target: KernelTarget) -> bool:
   except KernelOptError: return False
   return True
 
-def search(device: Compiled, ast: LazyOp) -> tuple[tuple[Opt, ...], bool]:
+def search(device: Compiled, ast: LazyOp, max_steps: int | None = None) -> tuple[tuple[Opt, ...], bool]:
   """(the winner, whether it may be cached). A winner whose output differs from the unoptimized kernel's is not used."""
   kernel = Kernel(ast, device.target)
   hand_coded = tuple(hand_coded_optimizations(kernel.copy()))
@@ -132,7 +134,7 @@ def search(device: Compiled, ast: LazyOp) -> tuple[tuple[Opt, ...], bool]:
   best = beam_search(kernel, BEAM.value, build_candidate, arguments, measure, starts=(hand_coded, ()), name=kernel.name,
                      record=(lambda *row: recorded.append(row)) if getenv("BEAM_RECORD", 1) else None,
                      rank=model.rank if model is not None else None, top=getenv("BEAM_MODEL_TOP", 0) or max(4, compile_pool().size),
-                     good_enough_s=ROOFLINE_SLACK * roofline_seconds(device, kernel))
+                     good_enough_s=ROOFLINE_SLACK * roofline_seconds(device, kernel), max_steps=max_steps)
   if recorded: record_candidates(ast, device_key(device), device.target, recorded)
   for opts in {(), best}:
     if opts in built_of: device.adopt(ast, opts, built_of[opts])

@@ -139,12 +139,14 @@ def compile_pool() -> CompilePool:
 def beam_search(kernel: Kernel, width: int, build: Callable[..., Any], build_arguments: Callable[[tuple[Opt, ...]], tuple[Any, ...]],
                 measure: Callable[[tuple[Opt, ...], Any], float], starts: Sequence[tuple[Opt, ...]] = ((),), name: str = "",
                 pool: CompilePool | None = None, record: Callable[[tuple[Opt, ...], bool, float | None], Any] | None = None,
-                rank: Callable[[list[Kernel]], list[int]] | None = None, top: int = 0, good_enough_s: float = 0.0) -> tuple[Opt, ...]:
+                rank: Callable[[list[Kernel]], list[int]] | None = None, top: int = 0, good_enough_s: float = 0.0,
+                max_steps: int | None = None) -> tuple[Opt, ...]:
   """The fastest Opt list found. `build(*build_arguments(opts))` runs in a worker and returns (source, anything picklable) or None;
   `measure(opts, built)` times it on the device in seconds (math.inf when it fails). `record(opts, built, seconds)` is told of each
   candidate: whether it built, and its time (None: not built, or it failed to run); one of the same source as an earlier, not.
   With `rank` (a cost model: the candidates' positions, the one predicted fastest first) a step builds only the `top` it ranks
-  first. The search ends once the best takes `good_enough_s` or less (a roofline bound: nothing can gain much on it)."""
+  first. The search ends once the best takes `good_enough_s` or less (a roofline bound: nothing can gain much on it), or after
+  `max_steps` steps (default BEAM_MAX_STEPS)."""
   min_progress = getenv("BEAM_MIN_PROGRESS", 0.01)  # stop when no new candidate beats a beam entry by this fraction
   pool, seen_sources = pool or compile_pool(), set()
   def evaluate(candidates: list[tuple[Opt, ...]]) -> list[tuple[float, tuple[Opt, ...]]]:
@@ -163,17 +165,17 @@ def beam_search(kernel: Kernel, width: int, build: Callable[..., Any], build_arg
   if not beam: return tuple(starts[0])
   def improves(new: list[tuple[float, tuple[Opt, ...]]]) -> bool:  # whether a new candidate beats some kernel in the beam
     return bool(new) and min(new, key=by_time)[0] <= beam[-1][0] * (1 - min_progress)
-  for step in range(1, getenv("BEAM_MAX_STEPS", 20) + 1):
+  for step in range(1, (max_steps or getenv("BEAM_MAX_STEPS", 20)) + 1):
     _progress(name, step, beam[0][0], len(seen_sources))
     if beam[0][0] <= good_enough_s: break
     grown = {opts: found for _, start in beam for opts, found in expanded(_replay(kernel, start)).items() if opts not in tried}
     candidates = list(grown)
     if rank is not None: candidates = [candidates[i] for i in rank(list(grown.values()))]
     # go on while a new candidate beats some kernel in the beam: one that starts from the unoptimized kernel often overtakes
-    # the hand-coded one only after a few steps. A ranked step builds its `top` candidates, and where none of them beats one,
-    # the next `top` of its ranking (a model's first picks can all miss)
+    # the hand-coded one only after a few steps. A ranked step builds its `top` candidates, and in the first step, where none of
+    # them beats one, the next `top` of its ranking (a model's first picks can all miss)
     new: list[tuple[float, tuple[Opt, ...]]] = []
-    for chunk in [candidates] if rank is None else [candidates[:top], candidates[top:2 * top]]:
+    for chunk in [candidates] if rank is None else [candidates[:top], candidates[top:2 * top]][:2 if step == 1 else 1]:
       tried.update(chunk)
       new += evaluate(chunk)
       if improves(new): break
