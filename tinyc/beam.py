@@ -35,7 +35,9 @@ def beam_opts(device: Compiled, ast: LazyOp) -> tuple[Opt, ...]:
   """The Opts BEAM=n chose for this kernel: from this process's memory, the on-disk cache, or a new search."""
   if (opts := _chosen.get(chosen_key := _chosen_key(device, ast))) is not None: return opts
   with _searching:
-    if (opts := _chosen.get(chosen_key)) is None: opts = _chosen[chosen_key] = _cached_opts(device, ast) or _search_and_cache(device, ast)
+    if (opts := _chosen.get(chosen_key)) is None:
+      if (opts := _cached_opts(device, ast)) is None: opts = _search_and_cache(device, ast)  # (an empty Opt list is a hit)
+      _chosen[chosen_key] = opts
   return opts
 
 def _chosen_key(device: Compiled, ast: LazyOp) -> tuple[str, LazyOp, bool]:
