@@ -117,7 +117,7 @@ def search(device: Compiled, ast: LazyOp, max_steps: int | None = None) -> tuple
   times: dict[tuple[Opt, ...], float] = {}
   built_of: dict[tuple[Opt, ...], Built] = {}  # what the workers built: the winner and the unoptimized kernel are not built again
   def measure(opts: tuple[Opt, ...], candidate: tuple[str, Built]) -> float:
-    built = built_of[opts] = candidate[1]
+    built = candidate[1]
     assert device.load is not None, f"{device.name} cannot load binaries, so it cannot search"
     try:
       program = Program(built.name, device.name, device.load(built.name, built.source, built.binary), built.flops, built.mem_bytes,
@@ -136,7 +136,8 @@ def search(device: Compiled, ast: LazyOp, max_steps: int | None = None) -> tuple
   best = beam_search(kernel, BEAM.value, build_candidate, arguments, measure, starts=(hand_coded, ()), name=kernel.name,
                      record=(lambda *row: recorded.append(row)) if getenv("BEAM_RECORD", 1) else None,
                      rank=model.rank if model is not None else None, top=getenv("BEAM_MODEL_TOP", 0) or max(4, compile_pool().size),
-                     good_enough_s=ROOFLINE_SLACK * roofline_seconds(device, kernel), max_steps=max_steps)
+                     good_enough_s=ROOFLINE_SLACK * roofline_seconds(device, kernel), max_steps=max_steps,
+                     on_build=lambda opts, candidate: built_of.__setitem__(opts, candidate[1]))
   if recorded: record_candidates(ast, device_key(device), device.target, recorded)
   for opts in {(), best}:
     if opts in built_of: device.adopt(ast, opts, built_of[opts])

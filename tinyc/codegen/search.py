@@ -140,13 +140,14 @@ def beam_search(kernel: Kernel, width: int, build: Callable[..., Any], build_arg
                 measure: Callable[[tuple[Opt, ...], Any], float], starts: Sequence[tuple[Opt, ...]] = ((),), name: str = "",
                 pool: CompilePool | None = None, record: Callable[[tuple[Opt, ...], bool, float | None], Any] | None = None,
                 rank: Callable[[list[Kernel]], list[int]] | None = None, top: int = 0, good_enough_s: float = 0.0,
-                max_steps: int | None = None) -> tuple[Opt, ...]:
+                max_steps: int | None = None, on_build: Callable[[tuple[Opt, ...], Any], Any] | None = None) -> tuple[Opt, ...]:
   """The fastest Opt list found. `build(*build_arguments(opts))` runs in a worker and returns (source, anything picklable) or None;
   `measure(opts, built)` times it on the device in seconds (math.inf when it fails). `record(opts, built, seconds)` is told of each
   candidate: whether it built, and its time (None: not built, or it failed to run); one of the same source as an earlier, not.
   With `rank` (a cost model: the candidates' positions, the one predicted fastest first) a step builds only the `top` it ranks
   first. The search ends once the best takes `good_enough_s` or less (a roofline bound: nothing can gain much on it), or after
-  `max_steps` steps (default BEAM_MAX_STEPS)."""
+  `max_steps` steps (default BEAM_MAX_STEPS). `on_build(opts, built)` is told of each candidate that built, one of the same source
+  as an earlier too."""
   min_progress = getenv("BEAM_MIN_PROGRESS", 0.01)  # stop when no new candidate beats a beam entry by this fraction
   pool, seen_sources = pool or compile_pool(), set()
   def evaluate(candidates: list[tuple[Opt, ...]]) -> list[tuple[float, tuple[Opt, ...]]]:
@@ -154,6 +155,7 @@ def beam_search(kernel: Kernel, width: int, build: Callable[..., Any], build_arg
     timed = []
     for opts, result in zip(candidates, built):
       if result is None and record is not None: record(opts, False, None)
+      if result is not None and on_build is not None: on_build(opts, result)
       if result is None or result[0] in seen_sources: continue
       seen_sources.add(result[0])
       timed.append((seconds := measure(opts, result), opts))
