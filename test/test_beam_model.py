@@ -33,10 +33,9 @@ def by_source(opts: tuple[Opt, ...]) -> tuple[str, int]: return repr(opts), len(
 
 def test_a_ranked_step_builds_only_the_top_candidates_in_the_models_order(monkeypatch):
   monkeypatch.setenv("BEAM_MAX_STEPS", "2")
-  monkeypatch.setenv("BEAM_LOOKAHEAD", "0")
-  kernel, step_sizes = matmul_kernel(), []
+  kernel, built_steps = matmul_kernel(), []
   def rank(kernels: list[Kernel]) -> list[int]:  # the candidates with the most upcast lanes first
-    step_sizes.append(len(kernels))
+    built_steps.append(len(kernels))
     return sorted(range(len(kernels)), key=lambda i: -kernels[i].upcast_size)
   measured: list[tuple[Opt, ...]] = []
   def measure(opts, built):
@@ -45,28 +44,13 @@ def test_a_ranked_step_builds_only_the_top_candidates_in_the_models_order(monkey
   pool = search.CompilePool(workers=2, timeout_s=30.0)
   try: search.beam_search(kernel, 2, by_source, lambda opts: (opts,), measure, pool=pool, rank=rank, top=3)
   finally: pool.close()
-  assert len(step_sizes) == 2 and all(count > 3 for count in step_sizes)
+  assert len(built_steps) == 2 and all(count > 3 for count in built_steps)
   assert len(measured) == 1 + 3 * 2, "the start, then three candidates a step"
   first_step = measured[1:4]
   assert all(Kernel(kernel.ast).upcast_size <= _replayed(kernel, opts).upcast_size for opts in first_step)
-  assert len(set(measured)) == len(measured), "no candidate twice"
+  assert max(len(search.expansions(kernel)), 4) > 3 and len(set(measured)) == len(measured), "no candidate twice"
 
-def test_a_ranked_round_holds_the_models_first_picks_and_its_own_continuations_of_the_best_of_them():
-  kernel = matmul_kernel()
-  grown = search.expanded(kernel)
-  by_lanes = lambda kernels: sorted(range(len(kernels)), key=lambda i: (-kernels[i].upcast_size, i))  # noqa: E731
-  ranked = [list(grown)[i] for i in by_lanes(list(grown.values()))]
-  round_ = search._ranked_round(grown, ranked, by_lanes, 8, set())
-  assert round_[:4] == ranked[:4] and len(round_) == len(set(round_)) and set(ranked) <= set(round_)
-  deeper = round_[4:8]
-  for pick, number in ((ranked[0], 0), (ranked[1], 2)):  # each pick, then its best continuation, then that one's
-    following = search.expanded(grown[pick])
-    best = list(following)[by_lanes(list(following.values()))[0]]
-    assert deeper[number] == best and best[:len(pick)] == pick and len(best) == len(pick) + 1
-    assert len(deeper[number + 1]) == len(pick) + 2 and deeper[number + 1][:len(best)] == best
-
-def test_a_ranked_step_that_gains_nothing_builds_the_next_candidates_of_its_ranking_once_before_the_search_ends(monkeypatch):
-  monkeypatch.setenv("BEAM_LOOKAHEAD", "0")
+def test_a_ranked_step_that_gains_nothing_builds_the_next_candidates_of_its_ranking_once_before_the_search_ends():
   kernel, measured = matmul_kernel(), []
   def measure(opts, built):
     measured.append(opts)

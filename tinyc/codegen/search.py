@@ -172,10 +172,10 @@ def beam_search(kernel: Kernel, width: int, build: Callable[..., Any], build_arg
     if beam[0][0] <= good_enough_s: break
     grown = {opts: found for _, start in beam for opts, found in expanded(_replay(kernel, start)).items() if opts not in tried}
     candidates = list(grown)
-    if rank is not None: candidates = _ranked_round(grown, [candidates[i] for i in rank(list(grown.values()))], rank, top, tried)
+    if rank is not None: candidates = [candidates[i] for i in rank(list(grown.values()))]
     # go on while a new candidate beats some kernel in the beam: one that starts from the unoptimized kernel often overtakes
-    # the hand-coded one only after a few steps. In the first step, where none of a ranked round beats one, the next `top` of its
-    # ranking (a model's first picks can all miss)
+    # the hand-coded one only after a few steps. A ranked step builds its `top` candidates, and in the first step, where none of
+    # them beats one, the next `top` of its ranking (a model's first picks can all miss)
     new: list[tuple[float, tuple[Opt, ...]]] = []
     for chunk in [candidates] if rank is None else [candidates[:top], candidates[top:2 * top]][:2 if step == 1 else 1]:
       tried.update(chunk)
@@ -185,23 +185,6 @@ def beam_search(kernel: Kernel, width: int, build: Callable[..., Any], build_arg
     beam = sorted(beam + new, key=by_time)[:width]
   _progress(name, -1, beam[0][0], len(seen_sources))
   return beam[0][1]
-
-def _ranked_round(grown: dict[tuple[Opt, ...], Kernel], ranked: list[tuple[Opt, ...]], rank: Callable[[list[Kernel]], list[int]],
-                  top: int, tried: set[tuple[Opt, ...]]) -> list[tuple[Opt, ...]]:
-  """A ranked step's candidates, the first `top` of them built in one round: half the model's first picks, and for the first quarter
-  of those the model's own continuations, each next Opt the one it ranks first, BEAM_LOOKAHEAD (2) Opts deeper: a round of
-  builds may then move a kernel several Opts on where the model is right. Then the rest of the ranking."""
-  picks, deeper = ranked[:max(top // 2, 1)], []
-  for opts in picks[:max(top // 4, 1)]:
-    kernel = grown[opts]
-    for _ in range(getenv("BEAM_LOOKAHEAD", 2)):
-      following = expanded(kernel)
-      if not following: break
-      best = list(following)[rank(list(following.values()))[0]]
-      if best not in tried: deeper.append(best)
-      kernel = following[best]
-  first = list(dict.fromkeys(picks + deeper))
-  return first + [opts for opts in ranked if opts not in first]
 
 def _replay(kernel: Kernel, opts: Sequence[Opt]) -> Kernel:
   replayed = kernel.copy()
