@@ -5,11 +5,11 @@
   python bench/beam_model.py eval [--model PATH] [--device KEY] held-out kernels: Kendall tau, top pick within 10% of the best, best in top 4
 
 --device is a prefix of the dataset's device keys (default this machine's, e.g. LLVM; CUDA for rows recorded on a GPU elsewhere).
-Settings used for the shipped models: CUDA `--mse 0 --steps 300 --ensemble 5`, LLVM `--steps 200 --ensemble 5` (step counts and
-losses chosen by 4-fold cross-validation over the training kernels, not on the held-out ones).
+The defaults are the shipped models' settings (`--steps 300 --mse 0 --ensemble 5`, chosen by 4-fold cross-validation over the
+training kernels, not on the held-out ones): `collect` then `train` on another device makes its model (BEAM_MODEL=path uses it).
 
-The corpus: the kernels of bench_train's MLP, CNN and GPT steps (the GPT at its CPU size), matmuls in four layouts and several
-shapes, and random programs of the graph fuzzer (test/test_graph_fuzz.py). Rows go to the cache's sqlite file (CACHEDB). A kernel is
+The corpus (`corpus`): matmuls in four layouts and bf16, the training steps of bench_train's GPT (three sizes), CNN and MLP, random
+programs of the graph fuzzer (test/test_graph_fuzz.py) and larger random programs. Rows go to the cache's sqlite file (CACHEDB). A kernel is
 held out of training by its hash (one in four), so held-out kernels are other programs, not other Opt lists of trained ones.
 
 The model scores candidates from the features of codegen/features.py (scaled by the training rows' mean and deviation), lower
@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 sys.path.insert(0, str(Path(__file__).parent)); sys.path.insert(0, str(Path(__file__).parents[1] / "test"))
 from tinyc import Device, Tensor
+from tinyc.dtype import dtypes
 from tinyc.helpers import Context
 from tinyc.ops import LoadOps
 from tinyc.schedule import create_schedule
@@ -38,24 +39,47 @@ from tinyc.safetensors import read_arrays
 from tinyc.codegen.cost_model import CostModel
 from tinyc import beam
 
+MATMULS = ((256, 256, 256), (512, 128, 384), (1024, 64, 256), (200, 300, 100), (2048, 512, 128), (4096, 384, 384), (384, 1536, 4096))
+SHAPES = ((4096,), (65536,), (512, 512), (64, 1000), (256, 384), (8, 64, 256), (16, 128, 96), (3, 224, 224), (1024, 1024), (32, 32, 32),
+          (100, 3000))
+
 def corpus(fuzz: int) -> list:
-  """The kernels (ASTs, deduplicated) to search."""
+  """The kernels (ASTs, deduplicated) to search: matmuls in four layouts (and bf16), the training steps of bench_train's GPT (its GPU
+  and CPU sizes and one between), CNN and MLP, `fuzz` random programs of the graph fuzzer and as many larger ones (shaped_program)."""
   import bench_train as bt
   from test_graph_fuzz import random_program
   graphs: list[Tensor] = []
-  for m, n, k in ((256, 256, 256), (512, 128, 384), (1024, 64, 256), (200, 300, 100)):
+  for m, n, k in MATMULS:
     a, b = Tensor.empty(m, k), Tensor.empty(k, n)
     graphs += [a @ b, Tensor.empty(k, m).T @ b, a @ Tensor.empty(n, k).T, Tensor.empty(k, m).T @ Tensor.empty(n, k).T]
-  config = bt.GPT_CPU
-  model = bt.examples_gpt()(config.vocab, config.context, config.width, config.layers, config.heads)
-  ids, labels = (Tensor(part.astype(np.int32)) for part in bt.gpt_batch(config))
-  params = get_parameters(model)
-  for p in params: p.requires_grad = True
-  model(ids).sparse_categorical_crossentropy(labels).backward()
-  graphs += [p.grad for p in params if p.grad is not None]
-  for seed in range(fuzz): graphs += [t for t, _ in random_program(seed)]
+    graphs.append((a.cast(dtypes.bfloat16) @ b.cast(dtypes.bfloat16)).cast(dtypes.float32))
+  for config in (bt.GPT_GPU, bt.GPT_CPU, bt.GPTConfig(4, 256, 4, 256, 16)):
+    model = bt.examples_gpt()(config.vocab, config.context, config.width, config.layers, config.heads)
+    ids, labels = (Tensor(part.astype(np.int32)) for part in bt.gpt_batch(config))
+    graphs += gradients(model, lambda model: model(ids).sparse_categorical_crossentropy(labels))
+  images, classes = Tensor.empty(128, 1, 28, 28), Tensor.zeros(128, dtype=dtypes.int32)
+  for small in (bt.TinyCNN(), bt.TinyMLP()): graphs += gradients(small, lambda model: model(images).sparse_categorical_crossentropy(classes))
+  for seed in range(fuzz): graphs += [t for t, _ in random_program(seed)] + [shaped_program(seed)]
   asts = [item.ast for item in create_schedule([t.lazydata for t in graphs]) if item.ast.op not in LoadOps]
   return list(dict.fromkeys(ast for ast in asts if not Kernel(ast).vars))
+
+def gradients(model, loss) -> list[Tensor]:
+  params = get_parameters(model)
+  for p in params: p.requires_grad = True
+  loss(model).backward()
+  return [p.grad for p in params if p.grad is not None]
+
+def shaped_program(seed: int) -> Tensor:
+  """A random elementwise, reduce, normalizing, transposing or softmax program on real-size data (the graph fuzzer's are tiny)."""
+  rng = np.random.default_rng(seed)
+  shape = SHAPES[rng.integers(len(SHAPES))]
+  x = Tensor.empty(*shape) * Tensor.empty(*shape) + 1
+  kind = rng.random()
+  if kind < 0.3: return (x.exp() * 2).sum(int(rng.integers(len(shape))))
+  if kind < 0.5: return x.max(-1) if len(shape) > 1 else x.relu()
+  if kind < 0.7: return (x - x.mean(-1, keepdim=True)).square().mean(-1) if len(shape) > 1 else x.sqrt()
+  if kind < 0.85 and len(shape) > 1: return x.transpose(0, -1).contiguous() * 2
+  return x.softmax(-1)
 
 def collect(args: argparse.Namespace) -> None:
   device = Device[Device.DEFAULT]
@@ -63,7 +87,8 @@ def collect(args: argparse.Namespace) -> None:
   asts = [ast for ast in corpus(args.fuzz) if ast_text(ast) not in known]  # (collect again: only the kernels not searched yet)
   print(f"{len(asts)} kernels to search on {device.name} ({len(known)} searched before)", flush=True)
   started = time.perf_counter()
-  os.environ.update(BEAM_MAX_STEPS=str(args.steps), BEAM_PROGRESS="0", IGNORE_BEAM_CACHE="1")
+  # every candidate of a step built (BEAM_MODEL=0): a model's data must not be only what a model already prefers
+  os.environ.update(BEAM_MAX_STEPS=str(args.steps), BEAM_PROGRESS="0", IGNORE_BEAM_CACHE="1", BEAM_MODEL="0")
   for number, ast in enumerate(asts):
     with Context(BEAM=2): beam.search(device, ast)
     print(f"  {number + 1}/{len(asts)} searched, {time.perf_counter() - started:.0f} s", flush=True)
@@ -217,18 +242,21 @@ def evaluate(args: argparse.Namespace) -> None:
   print(f"  times spread >= 1.2x: {describe(metrics(model, spread))}")
   if slow: print(f"  best >= 5 us: {describe(metrics(model, slow))}")
 
-if __name__ == "__main__":
+def parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   commands = parser.add_subparsers(dest="command", required=True)
   c = commands.add_parser("collect"); c.add_argument("--fuzz", type=int, default=40); c.add_argument("--steps", type=int, default=2)
   default_path = f"beam_model_{Device.DEFAULT.lower()}.safetensors"
-  t = commands.add_parser("train"); t.add_argument("--out", default=default_path); t.add_argument("--steps", type=int, default=1000)
+  t = commands.add_parser("train"); t.add_argument("--out", default=default_path); t.add_argument("--steps", type=int, default=300)
   t.add_argument("--hidden", type=int, nargs="*", default=[64, 64]); t.add_argument("--lr", type=float, default=1e-3)
   t.add_argument("--wd", type=float, default=1e-2); t.add_argument("--temperature", type=float, default=0.5)
-  t.add_argument("--mse", type=float, default=0.1); t.add_argument("--cap", type=float, default=3.0); t.add_argument("--seed", type=int, default=0)
-  t.add_argument("--ensemble", type=int, default=1, help="train this many models (seeds) and save their mean as one wider MLP")
+  t.add_argument("--mse", type=float, default=0.0); t.add_argument("--cap", type=float, default=3.0); t.add_argument("--seed", type=int, default=0)
+  t.add_argument("--ensemble", type=int, default=5, help="train this many models (seeds) and save their mean as one wider MLP")
   t.add_argument("--validate", action="store_true", help="pick the step count on a fifth of the training kernels first")
   e = commands.add_parser("eval"); e.add_argument("--model", default=default_path); e.add_argument("--trained", action="store_true")
   for sub in (t, e): sub.add_argument("--device", default=Device.DEFAULT, help="the device keys' prefix (CUDA: the H200 rows)")
-  args = parser.parse_args()
+  return parser
+
+if __name__ == "__main__":
+  args = parser().parse_args()
   {"collect": collect, "train": train, "eval": evaluate}[args.command](args)
