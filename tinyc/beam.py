@@ -53,12 +53,11 @@ def _search_and_cache(device: Compiled, ast: LazyOp, max_steps: int | None = Non
   return opts
 
 def beam_plan(device: Compiled, asts: list[LazyOp]) -> None:
-  """BEAM=n over a whole schedule (a model's step) before it runs: kernels equal up to their buffers are one search; each new kernel's
-  hand-coded program is timed once (one within ROOFLINE_SLACK of its roofline bound is kept: a search would end there), and the
-  kernels that together take at most BEAM_SKIP_SHARE of the schedule's time (the fastest,
-  counting repeats) keep their hand-coded Opts unsearched (in this process's memory only: another schedule may weigh them
-  otherwise); the others are searched, the heaviest first, under one progress line for the schedule, for one step where a kernel
-  takes under BEAM_LIGHT_SHARE of the schedule's time."""
+  """BEAM=n over a whole schedule (a model's step) before it runs. Kernels equal up to their buffers are one search. Each new kernel's
+  hand-coded program is timed once: one within ROOFLINE_SLACK of its roofline bound is kept (a search would end there at once); the
+  lightest, counting repeats, that together take at most BEAM_SKIP_SHARE of the schedule's time keep their hand-coded Opts unsearched
+  (in this process's memory only: another schedule may weigh them otherwise); the others are searched, the heaviest first, under one
+  progress line for the schedule, for one step where a kernel takes under BEAM_LIGHT_SHARE of the schedule's time."""
   with _searching:
     counts: dict[LazyOp, int] = {}
     for ast in asts:
