@@ -192,9 +192,9 @@ def test_beam_from_two_threads_at_once_searches_each_kernel_once(tinyc_device, t
   monkeypatch.setattr(beam, "_chosen", {})
   searched: list[Any] = []
   original = beam.search
-  def counting_search(device: Any, ast: Any) -> Any:
+  def counting_search(device: Any, ast: Any, max_steps: int | None = None) -> Any:
     searched.append(ast)
-    return original(device, ast)
+    return original(device, ast, max_steps)
   monkeypatch.setattr(beam, "search", counting_search)
   array = np.random.default_rng(0).standard_normal((6, 10), dtype=np.float32)
   results: dict[tuple[int, int], np.ndarray] = {}
