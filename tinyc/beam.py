@@ -205,7 +205,7 @@ def _random_buffers(device: str, kernel: Kernel, outputs: int) -> list[Buffer]:
     size, dtype = sizes[idx]
     buffer = Buffer(device, size, dtype)
     if idx >= outputs:
-      values = rng.standard_normal(size).astype(np.float32) if dtypes.is_float(dtype) else rng.integers(0, 2 if dtype == dtypes.bool else 8, size)
+      values = rng.standard_normal(size, dtype=np.float32) if dtypes.is_float(dtype) else rng.integers(0, 2 if dtype == dtypes.bool else 8, size)
       buffer.copyin((values.view(np.uint32) >> 16).astype(np.uint16) if dtype == dtypes.bfloat16 else values.astype(dtype.np))
     buffers.append(buffer)
   return buffers
