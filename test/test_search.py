@@ -141,6 +141,13 @@ def test_a_file_that_is_not_a_tinyc_cache_is_refused_and_left_untouched(tmp_path
   assert isinstance(search.CacheFileError("x"), RuntimeError)
   assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["beam.db"]
 
+def test_a_relative_cache_path_is_used(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setenv("CACHEDB", "beam.db")
+  search.cache_put("some key", [Opt(OptOps.UPCAST, 0, 4)])
+  search._forget()
+  assert search.cache_get("some key") == (Opt(OptOps.UPCAST, 0, 4),) and (tmp_path / "beam.db").is_file()
+
 def test_a_damaged_tinyc_cache_is_rebuilt_with_a_warning(tmp_path, capsys):
   path = tmp_path / "beam.db"
   search.cache_put("some key", [Opt(OptOps.UPCAST, 0, 4)])

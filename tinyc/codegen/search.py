@@ -246,7 +246,7 @@ def _made_by_tinyc(path: Path) -> bool:
   # its connections holds a lock. A file another process is making (empty, zeros while an SQLite that maps files grows it, a
   # part of page 1) is read under SQLite's lock, so waited for.
   try:
-    with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30)) as connection:
+    with contextlib.closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=30)) as connection:
       if connection.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID: return True  # (damage further in: _connect)
       tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
   except sqlite3.OperationalError: raise
