@@ -90,8 +90,10 @@ class Kernel:
   def upcast_size(self) -> int:  # lanes at the code's widest place, the stores' or a reduce input's (a nested reduce's are its own)
     if len(self.reduceops) < 2: return self.size_of(*LANES)
     rows = prod(self.full_shape[axis] for axis in self.axes(AxisKind.UNROLL) if any(map(lambda n: self.spans(n, axis), range(self.n_outputs))))
+    memo: dict[LazyOp, frozenset[int]] = {}  # (each reduce input's axes once: the search asks this of every candidate)
+    inputs_axes = [self.value_axes(reduceop.src[0], memo) for reduceop in self.reduceops]
     return max([self.size_of(AxisKind.UPCAST, AxisKind.FRAGMENT) * rows] + [prod(self.full_shape[axis] for axis in self.axes(*LANES) if axis in
-               self.value_axes(reduceop.src[0]) or number in self.owners[axis]) for number, reduceop in enumerate(self.reduceops)])
+               inputs_axes[number] or number in self.owners[axis]) for number in range(len(self.reduceops))])
   @property
   def local_size(self) -> int: return self.size_of(*THREADS) * self.lane_count  # the threads of a work-group
   @property
