@@ -68,6 +68,17 @@ def test_a_winner_that_differs_from_the_unoptimized_kernel_is_neither_used_nor_c
   with Context(BEAM=2): np.testing.assert_allclose(Tensor(x).sum(1).numpy(), x.sum(1))
   assert not os.path.exists(os.environ["CACHEDB"]) or sqlite3.connect(os.environ["CACHEDB"]).execute("SELECT * FROM beam").fetchall() == []
 
+def test_a_search_fills_each_input_with_values_of_its_own(tinyc_device):
+  """The winner's check compares outputs on random inputs: two inputs with equal values would hide a kernel that swaps them. The
+  values are drawn once a process and sliced: the same kernel gets the same inputs again."""
+  x, y = Tensor.empty(4, 300), Tensor.empty(4, 300)
+  ast = create_schedule([(x - y * 2).lazydata])[-1].ast
+  kernel = Kernel(ast, Device[Device.DEFAULT].target)
+  first, again = (beam._random_buffers(Device.DEFAULT, kernel, 1) for _ in range(2))
+  inputs = [buf.numpy() for buf in first[1:]]
+  assert len(inputs) == 2 and not np.allclose(inputs[0], inputs[1]) and all(values.std() > 0.5 for values in inputs)
+  for buf, same in zip(first[1:], again[1:]): np.testing.assert_array_equal(buf.numpy(), same.numpy())
+
 def test_a_search_adds_nothing_to_the_global_counters(tinyc_device):
   # the counters tell what the computation ran: the search's timing and verification runs are not part of it
   if Device[Device.DEFAULT].compile_binary is None: pytest.skip(f"{Device.DEFAULT} cannot build in worker processes")

@@ -199,16 +199,27 @@ def _random_buffers(device: str, kernel: Kernel, outputs: int) -> list[Buffer]:
   sizes: dict[int, tuple[int, Any]] = {}
   for buf in kernel.bufs:
     if isinstance(buf, MemBuffer): sizes[buf.idx] = (max(sizes.get(buf.idx, (0, None))[0], buf.st.real_size(), 1), buf.dtype)
-  rng = np.random.default_rng(0)
   buffers = []
   for idx in sorted(sizes):
     size, dtype = sizes[idx]
     buffer = Buffer(device, size, dtype)
     if idx >= outputs:
-      values = rng.standard_normal(size, dtype=np.float32) if dtypes.is_float(dtype) else rng.integers(0, 2 if dtype == dtypes.bool else 8, size)
+      values = _random_values(size, idx) if dtypes.is_float(dtype) else _random_values(size, idx, integers=True) % (2 if dtype == dtypes.bool else 8)
       buffer.copyin((values.view(np.uint32) >> 16).astype(np.uint16) if dtype == dtypes.bfloat16 else values.astype(dtype.np))
     buffers.append(buffer)
   return buffers
+
+_random_pools: dict[bool, np.ndarray] = {}
+def _random_values(size: int, number: int, integers: bool = False) -> np.ndarray:
+  """`size` standard-normal float32s (or small non-negative int32s) for buffer `number`: a slice, starting at a point of its own
+  (buffers that differ show a swapped input), of one array drawn once a process and grown when too short. A whole model's plan fills
+  every new kernel's buffers: drawing anew each time took 7 s of the H200 GPT's search."""
+  start = number * 7919
+  pool = _random_pools.get(integers)
+  if pool is None or len(pool) < start + size:
+    rng, length = np.random.default_rng(0), max(start + size, 2 * len(pool) if pool is not None else 0)
+    _random_pools[integers] = pool = rng.integers(0, 1 << 30, length, dtype=np.int32) if integers else rng.standard_normal(length, dtype=np.float32)
+  return pool[start:start + size]
 
 def outputs_match(device: Compiled, ast: LazyOp, opts: tuple[Opt, ...], buffers: list[Buffer], outputs: int) -> bool:
   """Whether `opts` give the unoptimized kernel's outputs (the first `outputs` buffers) on the random inputs (BEAM_VERIFY). Like the
