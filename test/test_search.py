@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib, multiprocessing, os, sqlite3, subprocess, sys, threading, time
 import numpy as np
 import pytest
-from tinyc import Tensor
+from tinyc import Tensor, dtypes
 from tinyc.device import Device, codegen_settings
 from tinyc.helpers import Context, GlobalCounters
 from tinyc.codegen.kernel import Kernel, Opt, OptOps
@@ -67,6 +67,35 @@ def test_a_winner_that_differs_from_the_unoptimized_kernel_is_neither_used_nor_c
   x = np.arange(64, dtype=np.float32).reshape(8, 8)
   with Context(BEAM=2): np.testing.assert_allclose(Tensor(x).sum(1).numpy(), x.sum(1))
   assert not os.path.exists(os.environ["CACHEDB"]) or sqlite3.connect(os.environ["CACHEDB"]).execute("SELECT * FROM beam").fetchall() == []
+
+def test_a_long_reductions_reordered_sum_passes_the_check_and_a_wrong_kernel_does_not(tinyc_device):
+  """The winner's check allows the rounding of a long reduction split another way (a conv weight gradient: sums of 73728 products
+  of about 270 whose outputs near 0 moved by 0.01 under GROUP, which the H200's CNN search took for a wrong kernel), not a wrong
+  output."""
+  device = Device[Device.DEFAULT]
+  if not device.target.has_local: pytest.skip(f"{Device.DEFAULT} has no local memory: GROUP does not apply")
+  x, w, upstream = Tensor.empty(128, 8, 26, 26), Tensor.empty(16, 8, 3, 3, requires_grad=True), Tensor.empty(128, 16, 24, 24)
+  (x.conv2d(w) * upstream).sum().backward()
+  ast = next(item.ast for item in create_schedule([w.grad.lazydata]) if item.ast.op not in LoadOps)
+  opts = (Opt(OptOps.GROUP, 2, 0), Opt(OptOps.GROUP, 1, 8), Opt(OptOps.UPCAST, 2, 0), Opt(OptOps.LOCAL, 2, 3))
+  buffers = beam._random_buffers(Device.DEFAULT, Kernel(ast, device.target), 1)
+  assert len(buffers) == 3
+  assert beam.outputs_match(device, ast, opts, buffers, 1)
+  assert np.sqrt(np.mean(buffers[0].numpy() ** 2)) > 100, "sums large enough that rounding moves those near 0 past 1e-3"
+
+def test_the_winners_check_allows_rounding_on_the_outputs_scale_not_a_wrong_value():
+  expected = np.random.default_rng(0).standard_normal(1152).astype(np.float32) * 265
+  expected[7] = 0.82
+  for dtype, tolerance in ((dtypes.float32, 1e-3), (dtypes.float16, 1e-2)):
+    rounded, wrong, wrong_big = expected.copy(), expected.copy(), expected.copy()
+    rounded[7] += 0.5 * tolerance * 265
+    wrong[7] += 2 * tolerance * 265  # off by more than rounding on the output's scale
+    wrong_big[np.argmax(np.abs(expected))] *= 1 + 3 * tolerance  # the largest output off by more than the relative tolerance
+    assert beam.outputs_close(rounded, expected, dtype) and not beam.outputs_close(wrong, expected, dtype)
+    assert not beam.outputs_close(wrong_big, expected, dtype)
+  small = np.full(64, 1e-3, np.float32)  # outputs under 1: the tolerance is absolute, as before
+  assert not beam.outputs_close(small + 2e-3, small, dtypes.float32) and beam.outputs_close(small + 5e-4, small, dtypes.float32)
+  assert beam.outputs_close(np.array([np.inf, np.nan, 1.0]), np.array([np.inf, np.nan, 1.0]), dtypes.float32)
 
 def test_a_search_fills_each_input_with_values_of_its_own(tinyc_device):
   """The winner's check compares outputs on random inputs: two inputs with equal values would hide a kernel that swaps them. The

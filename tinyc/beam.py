@@ -12,7 +12,7 @@ from __future__ import annotations
 import math, sys, threading, time
 from typing import Any
 import numpy as np
-from tinyc.dtype import dtypes
+from tinyc.dtype import DType, dtypes
 from tinyc.helpers import ALLOW_TF32, BEAM, DEBUG, getenv, prod
 from tinyc import profiler
 from tinyc.ops import BufferOps, ConstBuffer, LazyOp, MemBuffer, output_count
@@ -230,7 +230,14 @@ def outputs_match(device: Compiled, ast: LazyOp, opts: tuple[Opt, ...], buffers:
     program = device.get_program(ast, candidate)
     program.run([buf.opaque for buf in buffers], global_size=program.global_size, local_size=program.local_size, wait=True)
     results.append([buf.numpy().astype(np.float64) for buf in buffers[:outputs]])
-  def close(out: Buffer, got: np.ndarray, expected: np.ndarray) -> bool:
-    tolerance = 1e-2 if out.dtype in (dtypes.float16, dtypes.bfloat16) else 1e-3
-    return bool(np.allclose(got, expected, rtol=tolerance, atol=tolerance, equal_nan=True))
-  return all(close(out, got, expected) for out, got, expected in zip(buffers, results[1], results[0]))
+  return all(outputs_close(got, expected, out.dtype) for out, got, expected in zip(buffers, results[1], results[0]))
+
+def outputs_close(got: np.ndarray, expected: np.ndarray, dtype: DType) -> bool:
+  """Whether an output equals the unoptimized kernel's up to rounding: each element within a tolerance relative to the larger of
+  itself and the output's root mean square. A reduction split or unrolled another way sums in another order, and an output near 0
+  of a long sum keeps the rounding of its large partial sums (a conv weight gradient: sums of 73728 products, about 265 on
+  average, one of 0.82 moved by 0.002); a wrong kernel is off by about the output's own values."""
+  tolerance = 1e-2 if dtype in (dtypes.float16, dtypes.bfloat16) else 1e-3
+  finite = expected[np.isfinite(expected)]
+  scale = max(float(np.sqrt(np.mean(np.square(finite)))) if finite.size else 0.0, 1.0)
+  return bool(np.allclose(got, expected, rtol=tolerance, atol=tolerance * scale, equal_nan=True))
