@@ -71,8 +71,7 @@ class Kernel:
 
   def copy(self) -> Kernel:
     """An independent kernel in the same state (every field is immutable or replaced on change, except the Opt list)."""
-    copied = copy.copy(self)
-    copied.applied_opts = list(self.applied_opts)
+    (copied := copy.copy(self)).applied_opts = list(self.applied_opts)
     return copied
 
   # ---- the layout, by kind ----
@@ -90,8 +89,7 @@ class Kernel:
   def upcast_size(self) -> int:  # lanes at the code's widest place, the stores' or a reduce input's (a nested reduce's are its own)
     if len(self.reduceops) < 2: return self.size_of(*LANES)
     rows = prod(self.full_shape[axis] for axis in self.axes(AxisKind.UNROLL) if any(map(lambda n: self.spans(n, axis), range(self.n_outputs))))
-    memo: dict[LazyOp, frozenset[int]] = {}  # (each reduce input's axes once: the search asks this of every candidate)
-    inputs_axes = [self.value_axes(reduceop.src[0], memo) for reduceop in self.reduceops]
+    inputs_axes = [self.value_axes(reduceop.src[0], memo) for memo in [dict[LazyOp, frozenset[int]]()] for reduceop in self.reduceops]  # once each
     return max([self.size_of(AxisKind.UPCAST, AxisKind.FRAGMENT) * rows] + [prod(self.full_shape[axis] for axis in self.axes(*LANES) if axis in
                inputs_axes[number] or number in self.owners[axis]) for number in range(len(self.reduceops))])
   @property
