@@ -42,7 +42,7 @@ def test_a_ranked_step_builds_only_the_top_candidates_in_the_models_order(monkey
     measured.append(opts)
     return 1.0 / (1 + len(opts))
   pool = search.CompilePool(workers=2, timeout_s=30.0)
-  try: search.beam_search(kernel, 2, by_source, lambda opts: (opts,), measure, pool=pool, rank=rank, top=3)
+  try: search.run_search(search.beam_steps(kernel, 2, by_source, lambda opts: (opts,), measure, rank=rank, top=3), pool)
   finally: pool.close()
   assert len(built_steps) == 2 and all(count > 3 for count in built_steps)
   assert len(measured) == 1 + 3 * 2, "the start, then three candidates a step"
@@ -56,7 +56,8 @@ def test_a_ranked_step_that_gains_nothing_builds_the_next_candidates_of_its_rank
     measured.append(opts)
     return 1.0
   pool = search.CompilePool(workers=2, timeout_s=30.0)
-  try: search.beam_search(kernel, 2, by_source, lambda opts: (opts,), measure, pool=pool, rank=lambda kernels: list(range(len(kernels))), top=3)
+  in_order = lambda kernels: list(range(len(kernels)))  # noqa: E731
+  try: search.run_search(search.beam_steps(kernel, 2, by_source, lambda opts: (opts,), measure, rank=in_order, top=3), pool)
   finally: pool.close()
   assert measured[1:] == search.expansions(kernel)[:6]
 
@@ -69,10 +70,61 @@ def test_a_search_whose_best_reaches_the_roofline_bound_stops_after_its_starts()
     return 1e-3
   pool = search.CompilePool(workers=2, timeout_s=30.0)
   try:
-    search.beam_search(kernel, 2, by_source, lambda opts: (opts,), measure, pool=pool, good_enough_s=1e-3)
+    search.run_search(search.beam_steps(kernel, 2, by_source, lambda opts: (opts,), measure, good_enough_s=1e-3), pool)
     assert measured == [()]
-    search.beam_search(kernel, 2, by_source, lambda opts: (opts,), measure, pool=pool, good_enough_s=0.9e-3)
+    search.run_search(search.beam_steps(kernel, 2, by_source, lambda opts: (opts,), measure, good_enough_s=0.9e-3), pool)
     assert len(measured) > 2
+  finally: pool.close()
+
+def test_a_ranked_search_builds_its_starts_in_its_first_steps_round():
+  kernel, rounds = matmul_kernel(), []
+  steps = search.beam_steps(kernel, 2, by_source, lambda opts: (opts,), lambda opts, built: 1.0 / (1 + len(opts)),
+                            starts=((Opt(search.OptOps.UPCAST, 0, 4),), ()), rank=lambda kernels: list(range(len(kernels))), top=3,
+                            max_steps=1)
+  try:
+    job, arguments = next(steps)
+    while True:
+      rounds.append([opts for opts, in arguments])
+      job, arguments = steps.send([job(*each) for each in arguments])
+  except StopIteration as end: best = end.value
+  assert len(rounds) == 1 and rounds[0][:2] == [(Opt(search.OptOps.UPCAST, 0, 4),), ()] and len(rounds[0]) == 5
+  assert best == max(rounds[0], key=len), "the first step's best"
+
+def nap(seconds: float, name: str) -> tuple[str, float, float]:  # a build job that takes `seconds` (module level: workers import it)
+  import time
+  started = time.time()
+  time.sleep(seconds)
+  return name, started, time.time()
+
+def napping_search(rounds: list[list[float]], name: str, log: list):
+  """A stand-in search: each round builds naps of the given seconds."""
+  for round_ in rounds: log += (yield nap, [(seconds, name) for seconds in round_])
+  return name
+
+@pytest.mark.parametrize("at_once", [1, 2])
+def test_searches_run_at_once_share_the_workers(at_once):
+  """While one search waits for its round's slow build, another's rounds run on the free workers; one at a time, they wait."""
+  log, ended = [], []
+  pool = search.CompilePool(workers=2, timeout_s=30.0)
+  try:
+    searches = [napping_search([[1.0, 0.0]], "slow", log), napping_search([[0.0], [0.0], [0.0]], "quick", log)]
+    search.run_searches(searches, pool, at_once, lambda number, result: ended.append((number, result)))
+  finally: pool.close()
+  slow_end = max(end for name, _, end in log if name == "slow")
+  quick_starts = [start for name, start, _ in log if name == "quick"]
+  assert len(quick_starts) == 3
+  if at_once == 2: assert ended == [(1, "quick"), (0, "slow")] and max(quick_starts) < slow_end
+  else: assert ended == [(0, "slow"), (1, "quick")] and min(quick_starts) >= slow_end - 0.05
+
+def test_a_search_that_raises_leaves_the_pool_working():
+  def failing():
+    yield nap, [(0.5, "a"), (0.0, "b")]
+    raise RuntimeError("a device error")
+  pool = search.CompilePool(workers=2, timeout_s=30.0)
+  try:
+    with pytest.raises(RuntimeError, match="a device error"):
+      search.run_searches([failing(), napping_search([[2.0]], "other", [])], pool, 2, lambda *_: None)
+    assert pool.map(nap, [(0.0, "c"), (0.0, "d")])[1][0] == "d", "no earlier job's result answers a later one"
   finally: pool.close()
 
 def test_the_roofline_bound_is_a_launch_plus_the_kernels_bytes_at_the_measured_bandwidth(tinyc_device):
@@ -142,7 +194,11 @@ def test_a_schedules_kernels_are_searched_once_each_heaviest_first_light_ones_on
   beam.device_speed(device)  # (measured before _seconds is replaced)
   monkeypatch.setattr(beam, "_seconds", lambda device, ast, opts, runs=2: weights[ast])
   searched: list = []
-  monkeypatch.setattr(beam, "search", lambda device, ast, max_steps=None: (searched.append((ast, max_steps)), ((), True))[1])
+  def search_steps(device, ast, max_steps=None):  # (a search that builds nothing)
+    searched.append((ast, max_steps))
+    return ((), True)
+    yield
+  monkeypatch.setattr(beam, "search_steps", search_steps)
   monkeypatch.setenv("BEAM_LIGHT_SHARE", "0.15")
   beam.beam_plan(device, asts + asts[:1])  # the first kernel twice (as a model's layers repeat one): one search, twice the weight
   assert searched == [(asts[0], None), (asts[1], None), (asts[2], 1)], "the two lightest (0.3 s of 29.3) are not searched, the "
@@ -151,6 +207,7 @@ def test_a_schedules_kernels_are_searched_once_each_heaviest_first_light_ones_on
   for light in asts[3:]:  # each keeps its own hand-coded Opts
     assert beam._chosen[beam._chosen_key(device, light)] == tuple(hand_coded_optimizations(Kernel(light, device.target)))
   assert not beam._cached_opts(device, asts[3]), "a kernel kept by the weight of this schedule is not cached"
+  monkeypatch.setattr(beam, "search_steps", lambda *args: pytest.fail("a kernel was searched twice"))
   monkeypatch.setattr(beam, "search", lambda *args: pytest.fail("a kernel was searched twice"))
   with Context(BEAM=2): assert all(beam.beam_opts(device, ast) is not None for ast in asts)
 
@@ -162,7 +219,11 @@ def test_a_kernel_whose_hand_coded_program_reaches_its_roofline_bound_is_not_sea
   beam.device_speed(device)  # (measured before _seconds is replaced)
   monkeypatch.setattr(beam, "_seconds", lambda device, ast, opts, runs=2: 1e-12 if ast == asts[0] else 1.0)
   searched: list = []
-  monkeypatch.setattr(beam, "search", lambda device, ast, max_steps=None: (searched.append(ast), ((), True))[1])
+  def search_steps(device, ast, max_steps=None):  # (a search that builds nothing)
+    searched.append(ast)
+    return ((), True)
+    yield
+  monkeypatch.setattr(beam, "search_steps", search_steps)
   beam.beam_plan(device, asts)
   assert len(searched) == 2 and set(searched) == set(asts[1:])
   assert beam._cached_opts(device, asts[0]) == beam._chosen[beam._chosen_key(device, asts[0])]

@@ -54,7 +54,7 @@ def test_every_candidate_a_search_times_is_recorded_as_data(tinyc_device, monkey
   assert len({row[2] for row in rows}) == len(rows), "one row a candidate"
   with contextlib.closing(sqlite3.connect(os.environ["CACHEDB"])) as connection, connection: connection.execute("DELETE FROM candidates")
   searches = []
-  monkeypatch.setattr(beam, "beam_search", lambda *args, **kwargs: searches.append(1) or search.beam_search(*args, **kwargs))
+  monkeypatch.setattr(beam, "beam_steps", lambda *args, **kwargs: searches.append(1) or search.beam_steps(*args, **kwargs))
   monkeypatch.setenv("IGNORE_BEAM_CACHE", "1")
   monkeypatch.setenv("BEAM_RECORD", "0")
   with Context(BEAM=2): (Tensor(b).T @ Tensor(a).T).exp().realize()
@@ -142,8 +142,8 @@ def test_crashed_hung_and_rejected_candidates_are_dropped():
   recorded: dict[tuple[Opt, ...], tuple[bool, float | None]] = {}
   try:
     started = time.monotonic()
-    best = search.beam_search(kernel, 2, flaky_build, lambda opts: (opts,), measure, name="flaky", pool=pool,
-                              record=lambda opts, built, seconds: recorded.setdefault(opts, (built, seconds)))
+    best = search.run_search(search.beam_steps(kernel, 2, flaky_build, lambda opts: (opts,), measure, name="flaky",
+                                               record=lambda opts, built, seconds: recorded.setdefault(opts, (built, seconds))), pool)
     assert time.monotonic() - started < 40, "a hung worker held the search up"
     assert best and best[-1].op is OptOps.UNROLL and best[-1] != Opt(OptOps.UNROLL, 0, 4)
     broken = {Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 4)}
@@ -155,8 +155,8 @@ def test_crashed_hung_and_rejected_candidates_are_dropped():
     assert pool.map(flaky_build, [((),)]) == [("()", 0)], "the pool works after its workers were replaced"
     # each candidate that built, one of an earlier's source too (the check of a winner loads what the workers built for it)
     built: list = []
-    search.beam_search(kernel, 2, same_source_build, lambda opts: (opts,), measure, starts=((), (Opt(OptOps.UNROLL, 0, 2),)), pool=pool,
-                       on_build=lambda opts, result: built.append(opts), max_steps=1)
+    search.run_search(search.beam_steps(kernel, 2, same_source_build, lambda opts: (opts,), measure, starts=((), (Opt(OptOps.UNROLL, 0, 2),)),
+                                        on_build=lambda opts, result: built.append(opts), max_steps=1), pool)
     assert built[:2] == [(), (Opt(OptOps.UNROLL, 0, 2),)] and len(measured) > 0
   finally: pool.close()
 

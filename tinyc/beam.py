@@ -19,7 +19,7 @@ from tinyc.ops import BufferOps, ConstBuffer, LazyOp, MemBuffer, output_count
 from tinyc.shape.shapetracker import ShapeTracker
 from tinyc.codegen.heuristic import hand_coded_optimizations
 from tinyc.codegen.kernel import Kernel, KernelOptError, KernelTarget, Opt
-from tinyc.codegen.search import beam_search, cache_get, cache_key, cache_put, compile_pool
+from tinyc.codegen.search import SearchSteps, beam_steps, cache_get, cache_key, cache_put, compile_pool, run_search, run_searches
 from tinyc.codegen.dataset import record_candidates
 from tinyc.codegen.cost_model import load as load_model, model_path
 from tinyc.device import Buffer, Built, Compiled, Program, build, codegen_settings
@@ -79,12 +79,21 @@ def beam_plan(device: Compiled, asts: list[LazyOp]) -> None:
       ast = order.pop(0)
       skipped += weights[ast]
       _chosen[_chosen_key(device, ast)] = hand_coded[ast]
-    started, skipped_count = time.perf_counter(), len(counts) - len(order)
-    for done, ast in enumerate(reversed(order)):
-      _plan_progress(done, len(order), time.perf_counter() - started, skipped_count, skipped / max(total, 1e-12))
-      light = weights[ast] < getenv("BEAM_LIGHT_SHARE", 0.02) * total  # one step of the search: it can gain the step little
-      _chosen[_chosen_key(device, ast)] = _search_and_cache(device, ast, 1 if light else None)
-    _plan_progress(len(order), len(order), time.perf_counter() - started, skipped_count, skipped / max(total, 1e-12))
+    order.reverse()
+    started, skipped_count, done = time.perf_counter(), len(counts) - len(order), [0]
+    def progress() -> None: _plan_progress(done[0], len(order), time.perf_counter() - started, skipped_count, skipped / max(total, 1e-12))
+    def ended(number: int, result: tuple[tuple[Opt, ...], bool]) -> None:
+      (opts, verified), ast = result, order[number]
+      if verified: cache_put(cache_key(ast, device_key(device)), opts)
+      _chosen[_chosen_key(device, ast)], done[0] = opts, done[0] + 1
+      progress()
+    progress()
+    # one step of the search for a light kernel: it can gain the step little
+    searches = (search_steps(device, ast, 1 if weights[ast] < getenv("BEAM_LIGHT_SHARE", 0.02) * total else None) for ast in order)
+    # on a GPU 4 searches at once keep the build workers busy while one waits for its round's slowest build; on a CPU one at a
+    # time, so that no build runs on the cores while a candidate is timed there
+    at_once = getenv("BEAM_AT_ONCE", 0) or (4 if device.target.has_local else 1)
+    with profiler.span("BEAM search", "beam", device=device.name): run_searches(searches, None, at_once, ended)
 
 def _seconds(device: Compiled, ast: LazyOp, opts: tuple[Opt, ...], runs: int = 2) -> float:
   """One program's time on random real-size buffers (math.inf where it fails to build or run: searched first)."""
@@ -110,6 +119,10 @@ def _applies(ast: LazyOp, opts: tuple[Opt, ...], target: KernelTarget) -> bool:
 
 def search(device: Compiled, ast: LazyOp, max_steps: int | None = None) -> tuple[tuple[Opt, ...], bool]:
   """(the winner, whether it may be cached). A winner whose output differs from the unoptimized kernel's is not used."""
+  return run_search(search_steps(device, ast, max_steps))
+
+def search_steps(device: Compiled, ast: LazyOp, max_steps: int | None = None) -> SearchSteps:
+  """`search` as a generator of build rounds (search.beam_steps), to run with others (search.run_searches)."""
   kernel = Kernel(ast, device.target)
   hand_coded = tuple(hand_coded_optimizations(kernel.copy()))
   buffers = _random_buffers(device.name, kernel, outputs := output_count(ast))
@@ -132,11 +145,11 @@ def search(device: Compiled, ast: LazyOp, max_steps: int | None = None) -> tuple
                             settings, device.program_key(ast, opts))
   recorded: list[tuple[tuple[Opt, ...], bool, float | None]] = []  # every candidate, for the dataset (BEAM_RECORD=0: none)
   model = load_model(path) if (path := model_path(device.target)) is not None else None
-  best = beam_search(kernel, BEAM.value, build_candidate, arguments, measure, starts=(hand_coded, ()), name=kernel.name,
-                     record=(lambda *row: recorded.append(row)) if getenv("BEAM_RECORD", 1) else None,
-                     rank=model.rank if model is not None else None, top=getenv("BEAM_MODEL_TOP", 0) or max(4, compile_pool().size),
-                     good_enough_s=ROOFLINE_SLACK * roofline_seconds(device, kernel), max_steps=max_steps,
-                     on_build=lambda opts, candidate: built_of.__setitem__(opts, candidate[1]))
+  best = yield from beam_steps(kernel, BEAM.value, build_candidate, arguments, measure, starts=(hand_coded, ()), name=kernel.name,
+                               record=(lambda *row: recorded.append(row)) if getenv("BEAM_RECORD", 1) else None,
+                               rank=model.rank if model is not None else None, top=getenv("BEAM_MODEL_TOP", 0) or max(4, compile_pool().size),
+                               good_enough_s=ROOFLINE_SLACK * roofline_seconds(device, kernel), max_steps=max_steps,
+                               on_build=lambda opts, candidate: built_of.__setitem__(opts, candidate[1]))
   if recorded: record_candidates(ast, device_key(device), device.target, recorded)
   for opts in {(), best}:
     if opts in built_of: device.adopt(ast, opts, built_of[opts])
@@ -149,7 +162,7 @@ def search(device: Compiled, ast: LazyOp, max_steps: int | None = None) -> tuple
 
 def build_candidate(*arguments: Any) -> tuple[str, Built]:
   """A candidate built in a worker, with its source under a name common to all (a built name carries its program key, which
-  differs with the Opts): beam_search times candidates with equal sources once."""
+  differs with the Opts): the search times candidates with equal sources once."""
   built = build(*arguments)
   return built.source.replace(built.name, "kernel"), built
 

@@ -9,10 +9,10 @@ sqlite: data only, in a file tinyc marks as its own (it refuses any other file, 
 keeps the programs device.py builds (table `programs`: the rendered source and launch sizes as JSON, and the compiled binary).
 """
 from __future__ import annotations
-import atexit, contextlib, functools, hashlib, json, math, os, pickle, sqlite3, subprocess, sys, threading, time
+import atexit, contextlib, functools, hashlib, heapq, itertools, json, math, os, pickle, sqlite3, subprocess, sys, threading, time
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generator, Iterable, Sequence
 from tinyc.helpers import DEBUG, getenv, warn_once
 from tinyc.ops import ConstBuffer, LazyOp, MemBuffer
 from tinyc.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
@@ -47,6 +47,15 @@ def expanded(kernel: Kernel) -> dict[tuple[Opt, ...], Kernel]:
 
 # ***** worker processes *****
 
+class JobQueue:
+  """Build jobs waiting for a worker: (job, arguments, then), the lowest priority number first, in the order added within one."""
+  def __init__(self) -> None: self.heap: list[tuple[int, int, Callable[..., Any], tuple[Any, ...], Callable[[Any], Any]]] = []
+  def __len__(self) -> int: return len(self.heap)
+  def add(self, priority: int, job: Callable[..., Any], arguments: tuple[Any, ...], then: Callable[[Any], Any]) -> None:
+    heapq.heappush(self.heap, (priority, next(_job_numbers), job, arguments, then))
+  def pop(self) -> tuple[Callable[..., Any], tuple[Any, ...], Callable[[Any], Any]]: return heapq.heappop(self.heap)[2:]
+_job_numbers = itertools.count()
+
 class CompilePool:
   """Worker processes that run build jobs: `job(*args)` for a picklable module-level function. A job that raises gives None; a
   worker that crashes or runs past `timeout_s` is killed and replaced, and its job gives None too. Workers are fresh Python
@@ -64,37 +73,51 @@ class CompilePool:
     return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environment)
 
   def map(self, job: Callable[..., Any], argument_lists: Sequence[tuple[Any, ...]]) -> list[Any]:
-    with self.lock: return self._map(job, argument_lists)
-
-  def _map(self, job: Callable[..., Any], argument_lists: Sequence[tuple[Any, ...]]) -> list[Any]:
-    while len(self.workers) < self.size: self.workers.append(self._start())
     results: list[Any] = [None] * len(argument_lists)
-    pending = list(reversed(range(len(argument_lists))))
-    busy: dict[int, tuple[int, float]] = {}  # worker number -> (job number, start time)
-    while pending or busy:
+    jobs = JobQueue()
+    for index, arguments in enumerate(argument_lists): jobs.add(0, job, arguments, functools.partial(results.__setitem__, index))
+    self.run(jobs)
+    return results
+
+  def run(self, jobs: JobQueue) -> None:
+    """Runs the queued jobs, the first by priority first, and tells each one's `then` its result in this thread as it comes (where
+    it may queue more jobs); returns once none is queued or running. Should a `then` raise, the running jobs' workers are replaced."""
+    with self.lock:
+      while len(self.workers) < self.size: self.workers.append(self._start())
+      busy: dict[int, tuple[Callable[[Any], Any], float]] = {}  # worker number -> (the job's then, its start time)
+      try: self._run(jobs, busy)
+      except BaseException:
+        for number in busy: self._replace(number)  # (its result would answer the next job sent to it)
+        raise
+
+  def _run(self, jobs: JobQueue, busy: dict[int, tuple[Callable[[Any], Any], float]]) -> None:
+    while jobs or busy:
       for number, worker in enumerate(self.workers):
-        if number not in busy and pending:
-          index = pending.pop()
-          try: message = pickle.dumps((job, argument_lists[index]))
-          except (pickle.PicklingError, AttributeError, TypeError): continue  # a job a worker cannot import (a local function) gives None
+        if number not in busy and jobs:
+          job, arguments, then = jobs.pop()
+          try: message = pickle.dumps((job, arguments))
+          except (pickle.PicklingError, AttributeError, TypeError):  # a job a worker cannot import (a local function) gives None
+            then(None)
+            continue
           try:
             assert worker.stdin is not None
             worker.stdin.write(message)
             worker.stdin.flush()
-          except (OSError, ValueError): self._replace(number)  # it had died: the job is dropped
-          else: busy[number] = (index, time.monotonic())
+          except (OSError, ValueError):  # it had died: the job is dropped
+            self._replace(number)
+            then(None)
+          else: busy[number] = (then, time.monotonic())
       ready = wait([self.workers[number].stdout for number in busy], timeout=0.05)  # type: ignore[misc]
       for number in list(busy):
-        worker = self.workers[number]
+        worker, result = self.workers[number], None
         if worker.stdout in ready:
-          try: results[busy[number][0]] = pickle.load(worker.stdout)  # type: ignore[arg-type]
+          try: result = pickle.load(worker.stdout)  # type: ignore[arg-type]
           except (EOFError, OSError, pickle.UnpicklingError): self._replace(number)  # it crashed (in a compiler): the job is dropped
-          del busy[number]
         elif time.monotonic() - busy[number][1] > self.timeout_s:
           if DEBUG >= 2: print(f"BEAM: a candidate's build ran past {self.timeout_s} s and was dropped", file=sys.stderr)
           self._replace(number)
-          del busy[number]
-    return results
+        else: continue
+        busy.pop(number)[0](result)
 
   def _replace(self, number: int) -> None:
     self._stop(self.workers[number])
@@ -111,10 +134,15 @@ class CompilePool:
     for worker in self.workers: self._stop(worker)
     self.workers = []
 
+# builds yield the cores to the process that times candidates: a GPU timing's start event runs before its launch, so a launch
+# delayed by a busy core counts in the kernel's time
+WORKER_NICENESS = 10
+
 def worker_main() -> None:
   """A worker's loop: read (job, arguments), write the result; stdout is the protocol, so prints go to stderr."""
   protocol_in, protocol_out = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
   os.dup2(2, 1)
+  with contextlib.suppress(OSError): os.nice(WORKER_NICENESS)
   while True:
     try: job, arguments = pickle.load(protocol_in)
     except (EOFError, OSError): return
@@ -136,41 +164,53 @@ def compile_pool() -> CompilePool:
 
 # ***** the search *****
 
-def beam_search(kernel: Kernel, width: int, build: Callable[..., Any], build_arguments: Callable[[tuple[Opt, ...]], tuple[Any, ...]],
-                measure: Callable[[tuple[Opt, ...], Any], float], starts: Sequence[tuple[Opt, ...]] = ((),), name: str = "",
-                pool: CompilePool | None = None, record: Callable[[tuple[Opt, ...], bool, float | None], Any] | None = None,
-                rank: Callable[[list[Kernel]], list[int]] | None = None, top: int = 0, good_enough_s: float = 0.0,
-                max_steps: int | None = None, on_build: Callable[[tuple[Opt, ...], Any], Any] | None = None) -> tuple[Opt, ...]:
-  """The fastest Opt list found. `build(*build_arguments(opts))` runs in a worker and returns (source, anything picklable) or None;
-  `measure(opts, built)` times it on the device in seconds (math.inf when it fails). `record(opts, built, seconds)` is told of each
-  candidate: whether it built, and its time (None: not built, or it failed to run); one of the same source as an earlier, not.
-  With `rank` (a cost model: the candidates' positions, the one predicted fastest first) a step builds only the `top` it ranks
-  first. The search ends once the best takes `good_enough_s` or less (a roofline bound: nothing can gain much on it), or after
-  `max_steps` steps (default BEAM_MAX_STEPS). `on_build(opts, built)` is told of each candidate that built, one of the same source
-  as an earlier too."""
+# a search as a generator: it yields a round of builds, (job, each candidate's arguments), is sent their results (None where one
+# failed) and returns the fastest Opt list. run_searches runs several at once
+SearchSteps = Generator[tuple[Callable[..., Any], list[tuple[Any, ...]]], list[Any], Any]
+
+def run_search(steps: SearchSteps, pool: CompilePool | None = None) -> Any:
+  """What one search returns, run alone."""
+  found: list[Any] = []
+  run_searches([steps], pool, 1, lambda _, result: found.append(result))
+  return found[0]
+
+def beam_steps(kernel: Kernel, width: int, build: Callable[..., Any], build_arguments: Callable[[tuple[Opt, ...]], tuple[Any, ...]],
+               measure: Callable[[tuple[Opt, ...], Any], float], starts: Sequence[tuple[Opt, ...]] = ((),), name: str = "",
+               record: Callable[[tuple[Opt, ...], bool, float | None], Any] | None = None, rank: Callable[[list[Kernel]], list[int]] | None = None,
+               top: int = 0, good_enough_s: float = 0.0, max_steps: int | None = None,
+               on_build: Callable[[tuple[Opt, ...], Any], Any] | None = None) -> SearchSteps:
+  """The search. `build(*build_arguments(opts))` runs in a worker and returns (source, anything picklable) or None; `measure(opts,
+  built)` times it on the device in seconds (math.inf when it fails). `record(opts, built, seconds)` is told of each candidate:
+  whether it built, and its time (None: not built, or it failed to run); one of the same source as an earlier, not. With `rank` (a
+  cost model: the candidates' positions, the one predicted fastest first) a step builds only the `top` it ranks first, and the
+  first step builds the starts with them (without, the starts are built and timed first, and a step grows the beam's). The search
+  ends once the best takes `good_enough_s` or less (a roofline bound: nothing can gain much on it), or after `max_steps` steps
+  (default BEAM_MAX_STEPS). `on_build(opts, built)` is told of each candidate that built, one of the same source as an earlier too."""
   min_progress = getenv("BEAM_MIN_PROGRESS", 0.01)  # stop when no new candidate beats a beam entry by this fraction
-  pool, seen_sources = pool or compile_pool(), set()
-  def evaluate(candidates: list[tuple[Opt, ...]]) -> list[tuple[float, tuple[Opt, ...]]]:
-    built = pool.map(build, [build_arguments(opts) for opts in candidates])
-    timed = []
+  seen_sources: set[str] = set()
+  def timed(candidates: list[tuple[Opt, ...]], built: list[Any]) -> list[tuple[float, tuple[Opt, ...]]]:
+    entries = []
     for opts, result in zip(candidates, built):
       if result is None and record is not None: record(opts, False, None)
       if result is not None and on_build is not None: on_build(opts, result)
       if result is None or result[0] in seen_sources: continue
       seen_sources.add(result[0])
-      timed.append((seconds := measure(opts, result), opts))
+      entries.append((seconds := measure(opts, result), opts))
       if record is not None: record(opts, True, seconds if math.isfinite(seconds) else None)
-    return [entry for entry in timed if math.isfinite(entry[0])]
+    return [entry for entry in entries if math.isfinite(entry[0])]
   by_time: Callable[[tuple[float, tuple[Opt, ...]]], float] = lambda entry: entry[0]  # noqa: E731
-  tried = set(starts)
-  beam = sorted(evaluate(list(starts)), key=by_time)[:width]
-  if not beam: return tuple(starts[0])
+  tried, beam = set(starts), []
+  if rank is None:
+    beam = sorted(timed(list(starts), (yield build, [build_arguments(opts) for opts in starts])), key=by_time)[:width]
+    if not beam: return tuple(starts[0])
   def improves(new: list[tuple[float, tuple[Opt, ...]]]) -> bool:  # whether a new candidate beats some kernel in the beam
     return bool(new) and min(new, key=by_time)[0] <= beam[-1][0] * (1 - min_progress)
   for step in range(1, (max_steps or getenv("BEAM_MAX_STEPS", 20)) + 1):
-    _progress(name, step, beam[0][0], len(seen_sources))
-    if beam[0][0] <= good_enough_s: break
-    grown = {opts: found for _, start in beam for opts, found in expanded(_replay(kernel, start)).items() if opts not in tried}
+    if beam:
+      _progress(name, step, beam[0][0], len(seen_sources))
+      if beam[0][0] <= good_enough_s: break
+    grown = {opts: found for start in ([opts for _, opts in beam] or starts) for opts, found in expanded(_replay(kernel, start)).items()
+             if opts not in tried}
     candidates = list(grown)
     if rank is not None: candidates = [candidates[i] for i in rank(list(grown.values()))]
     # go on while a new candidate beats some kernel in the beam: one that starts from the unoptimized kernel often overtakes
@@ -179,12 +219,39 @@ def beam_search(kernel: Kernel, width: int, build: Callable[..., Any], build_arg
     new: list[tuple[float, tuple[Opt, ...]]] = []
     for chunk in [candidates] if rank is None else [candidates[:top], candidates[top:2 * top]][:2 if step == 1 else 1]:
       tried.update(chunk)
-      new += evaluate(chunk)
+      if not (with_starts := chunk if beam else list(starts) + chunk): break  # (a ranked search's first round: its starts too, timed first)
+      entries = timed(with_starts, (yield build, [build_arguments(opts) for opts in with_starts]))
+      if not beam:
+        beam = sorted((entry for entry in entries if entry[1] in starts), key=by_time)[:width]
+        if not beam: return tuple(starts[0])
+      new += [entry for entry in entries if entry[1] not in starts]
       if improves(new): break
     if not improves(new): break
     beam = sorted(beam + new, key=by_time)[:width]
   _progress(name, -1, beam[0][0], len(seen_sources))
   return beam[0][1]
+
+def run_searches(searches: Iterable[SearchSteps], pool: CompilePool | None, at_once: int, on_end: Callable[[int, Any], Any]) -> None:
+  """Runs the searches (beam_steps, or a generator that yields from one), `at_once` at a time in the order given, their builds
+  sharing the pool's workers: while one waits for its round's slowest build, the others' builds run. A search's builds go before
+  those of searches after it. `on_end(number, result)` is told of each as it ends."""
+  pool, jobs, waiting = pool or compile_pool(), JobQueue(), enumerate(searches)
+  def advance(number: int, steps: SearchSteps, results: list[Any] | None) -> None:
+    try: job, argument_lists = steps.send(results)  # type: ignore[arg-type]
+    except StopIteration as end:
+      on_end(number, end.value)
+      return start_next()
+    if not argument_lists: return advance(number, steps, [])
+    got: list[Any] = [None] * len(argument_lists)
+    left = [len(argument_lists)]
+    def then(index: int, result: Any) -> None:
+      got[index], left[0] = result, left[0] - 1
+      if left[0] == 0: advance(number, steps, got)
+    for index, arguments in enumerate(argument_lists): jobs.add(number, job, arguments, functools.partial(then, index))
+  def start_next() -> None:
+    if (item := next(waiting, None)) is not None: advance(*item, None)
+  for _ in range(at_once): start_next()
+  pool.run(jobs)
 
 def _replay(kernel: Kernel, opts: Sequence[Opt]) -> Kernel:
   replayed = kernel.copy()
