@@ -8,7 +8,7 @@ import ast, os, pathlib, sys, tokenize
 from collections import defaultdict
 
 FILE_BUDGET = 400    # per file: split along a concept before a file grows past this
-TOTAL_BUDGET = 9600  # whole package: raising it is its own deliberate commit
+TOTAL_BUDGET = 9700  # whole package: raising it is its own deliberate commit
 CODE_TOKENS = {tokenize.NAME, tokenize.OP, tokenize.NUMBER, tokenize.STRING}
 
 def loc(path: pathlib.Path) -> int:
