@@ -134,8 +134,8 @@ class CompilePool:
     for worker in self.workers: self._stop(worker)
     self.workers = []
 
-# builds yield the cores to the process that times candidates: a GPU timing's start event runs before its launch, so a launch
-# delayed by a busy core counts in the kernel's time
+# builds yield the cores to the process that times candidates: with searches at once it times one while the workers build others'
+# (on a GPU; a CUDA timing is gated besides, so a late launch does not count: ops_cuda._Gate)
 WORKER_NICENESS = 10
 
 def worker_main() -> None:
