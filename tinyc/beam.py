@@ -26,6 +26,10 @@ from tinyc.device import Buffer, Built, Compiled, Program, build, codegen_settin
 
 ROOFLINE_SLACK = 1.1  # a search ends once its best is within this factor of the kernel's roofline bound (roofline_seconds)
 COPY_ELEMENTS = 1 << 24  # the float32s of the copy that measures a device's bandwidth (device_speed)
+# the fewest candidates a step with the cost model builds (more where there are more build workers: a round costs about one build).
+# The CPU CNN step with 4 ran 1.39-1.46x slower than BEAM_MODEL=0's (the model's first 4 never led to a conv weight gradient's unroll and
+# block), with 8 1.01-1.05x, its search 13-15 s against 16-19 (BEAM_MODEL=0: 35 s); the CPU matmuls the same either way
+MODEL_TOP = 8
 TIMING_GROUPS = 2048  # a compute-bound GPU candidate is timed on at most this many work-groups (several waves on an H200), the time scaled up
 
 _chosen: dict[tuple[str, LazyOp, bool], tuple[Opt, ...]] = {}
@@ -147,7 +151,7 @@ def search_steps(device: Compiled, ast: LazyOp, max_steps: int | None = None) ->
   model = load_model(path) if (path := model_path(device.target)) is not None else None
   best = yield from beam_steps(kernel, BEAM.value, build_candidate, arguments, measure, starts=(hand_coded, ()), name=kernel.name,
                                record=(lambda *row: recorded.append(row)) if getenv("BEAM_RECORD", 1) else None,
-                               rank=model.rank if model is not None else None, top=getenv("BEAM_MODEL_TOP", 0) or max(4, compile_pool().size),
+                               rank=model.rank if model is not None else None, top=getenv("BEAM_MODEL_TOP", 0) or max(MODEL_TOP, compile_pool().size),
                                good_enough_s=ROOFLINE_SLACK * roofline_seconds(device, kernel), max_steps=max_steps,
                                on_build=lambda opts, candidate: built_of.__setitem__(opts, candidate[1]))
   if recorded: record_candidates(ast, device_key(device), device.target, recorded)
