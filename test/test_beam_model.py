@@ -107,7 +107,8 @@ def test_searches_run_at_once_share_the_workers(at_once):
   log, ended = [], []
   pool = search.CompilePool(workers=2, timeout_s=30.0)
   try:
-    searches = [napping_search([[1.0, 0.0]], "slow", log), napping_search([[0.0], [0.0], [0.0]], "quick", log)]
+    # (a 2 s build: a margin over the time the workers take to import this file for their first job)
+    searches = [napping_search([[2.0, 0.0]], "slow", log), napping_search([[0.0], [0.0], [0.0]], "quick", log)]
     search.run_searches(searches, pool, at_once, lambda number, result: ended.append((number, result)))
   finally: pool.close()
   slow_end = max(end for name, _, end in log if name == "slow")
