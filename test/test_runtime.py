@@ -159,3 +159,9 @@ def test_a_cuda_timed_run_counts_the_kernel_not_a_slow_launch(monkeypatch):
   packer = ops_cuda._parameter_packer
   monkeypatch.setattr(ops_cuda, "_parameter_packer", lambda *sizes: (time.sleep(0.005), packer(*sizes))[1])  # 5 ms late
   assert min(run() for _ in range(3)) < 1e-3
+  monkeypatch.undo()
+  with pytest.raises(RuntimeError):  # a launch the driver refuses (more threads than a block may have): the gate opens again
+    program.run([buf.opaque for buf in buffers], global_size=(4096, 1, 1), local_size=(4096, 1, 1), wait=True)
+  started = time.perf_counter()
+  run()
+  assert time.perf_counter() - started < 0.05, "the next run waited for a gate left shut"

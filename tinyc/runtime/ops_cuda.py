@@ -108,6 +108,7 @@ def _runner(module: Any, name: str, source: str) -> Callable[..., float | None]:
       gate.open()
       end.synchronize()
     except cuda.Error as error:
+      if wait: _gate().open()  # (a refused launch: the stream is not held for the gate's 0.1 s)
       raise RuntimeError(f"CUDA kernel {name} failed (grid {grid}, block {local_size}): {error}") from error
     return start.time_till(end) * 1e-3
   return run
